@@ -1,0 +1,1 @@
+"""The HTTP API: FastAPI routes, schemas, error mapping. Never imports vLLM or the worker."""

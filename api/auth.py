@@ -1,0 +1,50 @@
+"""Who is calling: the bearer key, checked against the key store (briefly cached)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from inferq.db.keys import KeyStore
+from inferq.exceptions import Unauthorized
+from inferq.keys import DEVELOPMENT_PRINCIPAL, Principal
+
+_HINT = (
+    "send `Authorization: Bearer <key>`; an operator creates keys with "
+    "`inferq keys create --name NAME`"
+)
+
+
+class Authenticator:
+    """Turns an `Authorization` header into a `Principal`, or raises `Unauthorized`."""
+
+    def __init__(self, keys: KeyStore, *, enabled: bool, cache_s: float) -> None:
+        self._keys = keys
+        self._enabled = enabled
+        self._cache_s = cache_s
+        self._cache: dict[str, tuple[float, Principal]] = {}
+        self._lock = threading.Lock()
+
+    def principal(self, secret: str | None) -> Principal:
+        """The caller holding this bearer secret (None when no credentials were sent)."""
+        if not self._enabled:
+            return DEVELOPMENT_PRINCIPAL
+        secret = (secret or "").strip()
+        if not secret:
+            raise Unauthorized(f"an API key is required: {_HINT}")
+        now = time.monotonic()
+        with self._lock:
+            cached = self._cache.get(secret)
+        if cached is not None and now - cached[0] < self._cache_s:
+            return cached[1]
+        key = self._keys.find(secret)
+        if key is None or not key.active:
+            with self._lock:
+                self._cache.pop(secret, None)
+            raise Unauthorized(f"this API key is unknown or revoked: {_HINT}")
+        principal = Principal(
+            key_id=key.id, tenant=key.tenant, admin=key.admin, rpm=key.rpm, tpm=key.tpm
+        )
+        with self._lock:
+            self._cache[secret] = (now, principal)
+        return principal

@@ -1,0 +1,152 @@
+"""Builds the FastAPI app. Nothing else happens here."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
+
+from api.auth import Authenticator
+from api.bodysize import BodySizeLimit
+from api.deps import Services
+from api.errors import register_error_handlers
+from api.metrics import ApiMetrics, QueueCollector, RequestMetrics
+from api.ratelimit import RateLimiter
+from api.routes import batches, files, health, jobs, models, status, webhooks
+from api.urlcheck import RefuseNulInUrl
+from api.waiter import JobWaiter
+from inferq import __version__
+from inferq.batch_ops import BatchOperations
+from inferq.celery_app import JobPublisher, make_celery
+from inferq.db.batches import BatchStore
+from inferq.db.engine import make_engine, make_sessions
+from inferq.db.files import FileStore
+from inferq.db.idempotency import IdempotencyStore
+from inferq.db.jobs import JobStore
+from inferq.db.keys import KeyStore
+from inferq.db.migrate import check_schema
+from inferq.db.webhooks import WebhookStore
+from inferq.events import JobEvents
+from inferq.prompts import PromptRenderer
+from inferq.queues import QueueMonitor
+from inferq.requests import JobValidator
+from inferq.settings import Settings
+from inferq.workers import WorkerRegistry
+
+log = logging.getLogger(__name__)
+
+
+def build_services(settings: Settings) -> Services:
+    """Connect to Postgres and Redis and load the tokenizer: once per process."""
+    redis = Redis.from_url(settings.redis_url)
+    renderer = PromptRenderer.load(settings.tokenizer_name, max_model_len=settings.max_model_len)
+    sessions = make_sessions(make_engine(settings.database_url))
+    keys = KeyStore(sessions)
+    prefix = settings.redis_key_prefix
+    validator = JobValidator(
+        renderer,
+        model_name=settings.model_name,
+        default_max_tokens=settings.default_max_tokens,
+        max_n=settings.max_n,
+        max_tokens_cap=settings.max_tokens_cap,
+    )
+    publisher = JobPublisher(make_celery(settings), bulk_chunk_size=settings.bulk_chunk_size)
+    events = JobEvents(redis, key_prefix=prefix)
+    files = FileStore(sessions)
+    return Services(
+        settings=settings,
+        store=JobStore(sessions, on_webhooks=publisher.publish_webhooks),
+        publisher=publisher,
+        validator=validator,
+        events=events,
+        waiter=JobWaiter(AsyncRedis.from_url(settings.redis_url), key_prefix=prefix),
+        redis=redis,
+        keys=keys,
+        authenticator=Authenticator(
+            keys, enabled=settings.auth_enabled, cache_s=settings.auth_cache_s
+        ),
+        rate_limiter=RateLimiter(
+            settings.redis_url,
+            key_prefix=prefix,
+            default_rpm=settings.rate_limit_rpm,
+            default_tpm=settings.rate_limit_tpm,
+        ),
+        queues=QueueMonitor(redis, key_prefix=prefix),
+        idempotency=IdempotencyStore(sessions),
+        workers=WorkerRegistry(redis, key_prefix=prefix),
+        files=files,
+        webhooks=WebhookStore(sessions),
+        batch_ops=BatchOperations(
+            files=files,
+            batches=BatchStore(sessions, on_webhooks=publisher.publish_webhooks),
+            validator=validator,
+            model_name=settings.model_name,
+            publisher=publisher,
+            events=events,
+            max_lines=settings.max_batch_lines,
+            requeue_after_s=settings.requeue_after_s,
+        ),
+    )
+
+
+def _prepare_keys(settings: Settings, keys: KeyStore) -> None:
+    if not settings.auth_enabled:
+        log.warning("authentication is OFF (development): every request acts as an admin")
+        return
+    if settings.bootstrap_admin_key is not None:
+        keys.ensure(settings.bootstrap_admin_key.get_secret_value(), name="bootstrap", admin=True)
+    elif keys.count_active() == 0:
+        log.warning(
+            "no API keys exist yet, so every /v1 request is refused. Create one with "
+            "`inferq keys create --name admin --admin`, or set INFERQ_BOOTSTRAP_ADMIN_KEY "
+            "(e.g. from `openssl rand -hex 32`) and restart."
+        )
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        check_schema(settings.database_url)
+        services = build_services(settings)
+        _prepare_keys(settings, services.keys)
+        app.state.services = services
+        metrics.registry.register(QueueCollector(services.queues, services.workers))
+        await services.waiter.start()
+        try:
+            yield
+        finally:
+            await services.waiter.stop()
+
+    app = FastAPI(
+        title="inferq",
+        version=__version__,
+        summary="Queue-based batch inference for open-weight LLMs on vLLM.",
+        lifespan=lifespan,
+    )
+    metrics = ApiMetrics(CollectorRegistry())
+    app.state.metrics = metrics
+    register_error_handlers(app)
+    app.add_middleware(RefuseNulInUrl)
+    app.add_middleware(
+        BodySizeLimit,
+        limit_bytes=settings.max_request_bytes,
+        # A multipart upload carries a little more than the file itself.
+        upload_limit_bytes=settings.max_file_bytes + 64 * 1024,
+        upload_paths=("/v1/files",),
+    )
+    app.add_middleware(RequestMetrics, metrics=metrics)
+    app.include_router(health.router)
+    app.include_router(jobs.router)
+    app.include_router(files.router)
+    app.include_router(batches.router)
+    app.include_router(models.router)
+    app.include_router(status.router)
+    app.include_router(webhooks.router)
+    return app

@@ -1,0 +1,90 @@
+"""The API's Prometheus metrics: requests by route and status, latency, queue depths."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from inferq.exceptions import BrokerUnavailable
+from inferq.queues import QueueMonitor
+from inferq.workers import WorkerRegistry
+
+log = logging.getLogger(__name__)
+
+
+class ApiMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "inferq_api_requests_total",
+            "HTTP requests, by method, route and status.",
+            ["method", "route", "status"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "inferq_api_request_duration_seconds",
+            "Time to answer a request, by method and route.",
+            ["method", "route"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=registry,
+        )
+
+
+class QueueCollector(Collector):
+    """Queue depths and workers online, read from Redis when Prometheus scrapes."""
+
+    def __init__(self, queues: QueueMonitor, workers: WorkerRegistry) -> None:
+        self._queues = queues
+        self._workers = workers
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            depths = self._queues.depths()
+            online = len(self._workers.online())
+        except BrokerUnavailable as exc:
+            log.warning("cannot read queue depths: %s", exc.message)
+            return
+        depth = GaugeMetricFamily(
+            "inferq_queue_depth", "Messages waiting in a queue.", labels=["queue"]
+        )
+        for queue, count in depths.items():
+            depth.add_metric([queue], count)
+        yield depth
+        yield GaugeMetricFamily("inferq_workers_online", "GPU workers online.", value=online)
+
+
+class RequestMetrics:
+    """ASGI middleware counting requests under their route template (`/v1/jobs/{job_id}`),
+    so job ids never become label values."""
+
+    def __init__(self, app: ASGIApp, *, metrics: ApiMetrics) -> None:
+        self._app = app
+        self._metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def recording_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self._app(scope, receive, recording_send)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            method = scope["method"]
+            self._metrics.requests.labels(method, template, str(status)).inc()
+            self._metrics.latency.labels(method, template).observe(time.perf_counter() - started)

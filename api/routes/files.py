@@ -1,0 +1,90 @@
+"""`/v1/files`: upload, read and delete files (OpenAI's Files API, purpose 'batch')."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, File, Form, Query, UploadFile
+from fastapi.responses import StreamingResponse
+
+from api.batch_schemas import FileDeleted, FileList, FilePublic
+from api.deps import PrincipalDep, ServicesDep
+from api.errors import error_responses
+from inferq.batches import FilePurpose
+from inferq.db.files import CHUNK_BYTES
+from inferq.exceptions import InvalidRequest
+
+router = APIRouter(prefix="/v1/files", tags=["files"], responses=error_responses(401, 429, 503))
+
+
+@router.post("", response_model=FilePublic, responses=error_responses(413, 422))
+def upload_file(
+    services: ServicesDep,
+    principal: PrincipalDep,
+    file: Annotated[UploadFile, File(description="JSONL in OpenAI's Batch input format.")],
+    purpose: Annotated[str, Form(description="Must be 'batch'.")],
+) -> FilePublic:
+    """Upload a batch input file (UTF-8 JSONL)."""
+    if purpose != FilePurpose.BATCH.value:
+        raise InvalidRequest(f"purpose must be 'batch', not {purpose!r}", param="purpose")
+    stored = services.files.upload(
+        tenant=principal.tenant,
+        purpose=FilePurpose.BATCH,
+        filename=file.filename or "upload.jsonl",
+        chunks=iter(lambda: file.file.read(CHUNK_BYTES), b""),
+        max_bytes=services.settings.max_file_bytes,
+    )
+    return FilePublic.from_file(stored)
+
+
+@router.get("", response_model=FileList, responses=error_responses(422))
+def list_files(
+    services: ServicesDep,
+    principal: PrincipalDep,
+    purpose: Annotated[FilePurpose | None, Query()] = None,
+    after: Annotated[str | None, Query(description="The `last_id` of the previous page.")] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 20,
+) -> FileList:
+    """Files, newest first."""
+    files, has_more = services.files.page(
+        scope=principal.scope, purpose=purpose, after=after, limit=limit
+    )
+    data = [FilePublic.from_file(f) for f in files]
+    return FileList(
+        data=data,
+        first_id=data[0].id if data else None,
+        last_id=data[-1].id if data else None,
+        has_more=has_more,
+    )
+
+
+@router.get("/{file_id}", response_model=FilePublic, responses=error_responses(404))
+def get_file(file_id: str, services: ServicesDep, principal: PrincipalDep) -> FilePublic:
+    """A file's details."""
+    return FilePublic.from_file(services.files.get(file_id, scope=principal.scope))
+
+
+@router.get(
+    "/{file_id}/content",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"application/octet-stream": {}}, "description": "The file's bytes."},
+        **error_responses(404),
+    },
+)
+def file_content(file_id: str, services: ServicesDep, principal: PrincipalDep) -> StreamingResponse:
+    """A file's content, streamed; a batch's output and error files are made from its
+    results, in input order."""
+    file = services.files.get(file_id, scope=principal.scope)
+    return StreamingResponse(
+        services.batch_ops.content(file),
+        media_type="application/octet-stream",
+        headers={"Content-Disposition": f'attachment; filename="{file.filename}"'},
+    )
+
+
+@router.delete("/{file_id}", response_model=FileDeleted, responses=error_responses(404))
+def delete_file(file_id: str, services: ServicesDep, principal: PrincipalDep) -> FileDeleted:
+    """Delete a file. Batches made from it keep their lines and results."""
+    file = services.files.delete(file_id, scope=principal.scope)
+    return FileDeleted(id=file.id)

@@ -1,0 +1,145 @@
+"""A throwaway inferq deployment for benchmarks: its own Postgres database, Redis key
+prefix and processes, started from the same entry points as production and the tests."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import psycopg
+import redis
+from psycopg import sql
+
+from inferq.db.migrate import upgrade
+from inferq.demo_model import TINY, DemoShape, build_demo_model
+
+ADMIN_DSN = os.environ.get("BENCH_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+ADMIN_KEY = "iq_bench_" + secrets.token_hex(16)
+MODEL_NAME = "bench-model"
+CACHE = Path(os.environ.get("INFERQ_TEST_CACHE", Path.home() / ".cache" / "inferq-tests"))
+
+
+def demo_model(shape: DemoShape = TINY, name: str = "tiny") -> Path:
+    return build_demo_model(CACHE / name, shape)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def database() -> Iterator[str]:
+    """A new, migrated database; dropped afterwards."""
+    name = "inferq_bench_" + secrets.token_hex(4)
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+@contextmanager
+def key_prefix() -> Iterator[str]:
+    prefix = f"bench-{secrets.token_hex(4)}:"
+    try:
+        yield prefix
+    finally:
+        client = redis.Redis.from_url(REDIS_URL)
+        keys = list(client.scan_iter(match=prefix + "*", count=1000))
+        if keys:
+            client.delete(*keys)
+
+
+def service_env(*, model: Path, database_url: str, prefix: str, **extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "INFERQ_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY,
+        "INFERQ_RATE_LIMIT_RPM": "0",
+        "INFERQ_RATE_LIMIT_TPM": "0",
+        "INFERQ_DATABASE_URL": database_url,
+        "INFERQ_REDIS_URL": REDIS_URL,
+        "INFERQ_REDIS_KEY_PREFIX": prefix,
+        "INFERQ_MODEL": str(model),
+        "INFERQ_SERVED_MODEL_NAME": MODEL_NAME,
+        "INFERQ_LOG_LEVEL": "WARNING",
+        **extra,
+    }
+
+
+class Process:
+    """One inferq entry point, in its own process group, its output in a log file."""
+
+    def __init__(self, argv: list[str], *, env: Mapping[str, str], log: Path) -> None:
+        self.log = log
+        self._out = log.open("wb")
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "inferq.cli", *argv],
+            env=dict(env),
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_for(self, ready: str, timeout_s: float = 300) -> None:
+        deadline = time.monotonic() + timeout_s
+        while ready not in self.log.read_text(errors="replace"):
+            if self.popen.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{self.log.name} did not start:\n{self.log.read_text()}")
+            time.sleep(0.2)
+
+    def peak_rss_mb(self) -> float:
+        """The process's peak resident memory (VmHWM), in MiB."""
+        for line in Path(f"/proc/{self.popen.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        raise RuntimeError("no VmHWM in /proc status")
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait()
+        self._out.close()
+
+
+@contextmanager
+def api(env: Mapping[str, str], log_dir: Path) -> Iterator[tuple[Process, str]]:
+    port = free_port()
+    process = Process(["api"], env={**env, "INFERQ_API_PORT": str(port)}, log=log_dir / "api.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(url + "/healthz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if process.popen.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the API did not start:\n{process.log.read_text()}")
+            time.sleep(0.2)
+        yield process, url
+    finally:
+        process.stop()

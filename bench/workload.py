@@ -1,0 +1,82 @@
+"""The benchmark workloads, fixed by a seed: every system gets the same prompts and
+generates the same number of tokens (`ignore_eos` with a drawn `max_tokens`)."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+SEED = 20261121
+# Long-tailed lengths (log-normal), as in real traffic: most requests are short, a few
+# are long. Medians and spreads in tokens, clipped to what the bench model's context holds.
+PROMPT_MEDIAN, PROMPT_SIGMA, PROMPT_RANGE = 96, 0.8, (8, 1024)
+OUTPUT_MEDIAN, OUTPUT_SIGMA, OUTPUT_RANGE = 48, 0.9, (4, 512)
+
+
+@dataclass(frozen=True)
+class Request:
+    custom_id: str
+    prompt: str
+    max_tokens: int
+
+
+def _lognormal(rng: random.Random, median: int, sigma: float, bounds: tuple[int, int]) -> int:
+    low, high = bounds
+    return max(low, min(high, round(rng.lognormvariate(0, sigma) * median)))
+
+
+def bulk(tokenizer: Any, count: int, *, seed: int = SEED) -> list[Request]:
+    """`count` requests whose prompts are `tokenizer` tokens drawn at random, decoded to
+    text (so every system tokenizes the same text)."""
+    rng = random.Random(seed)
+    specials = set(tokenizer.all_special_ids)
+    vocab = [i for i in range(tokenizer.vocab_size) if i not in specials]
+    requests = []
+    for i in range(count):
+        length = _lognormal(rng, PROMPT_MEDIAN, PROMPT_SIGMA, PROMPT_RANGE)
+        text = tokenizer.decode([rng.choice(vocab) for _ in range(length)])
+        requests.append(
+            Request(
+                custom_id=f"r{i}",
+                prompt=text,
+                max_tokens=_lognormal(rng, OUTPUT_MEDIAN, OUTPUT_SIGMA, OUTPUT_RANGE),
+            )
+        )
+    return requests
+
+
+def body(request: Request, model: str) -> dict[str, Any]:
+    """A completion request body, the same for every system."""
+    return {
+        "model": model,
+        "prompt": request.prompt,
+        "max_tokens": request.max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+
+
+def write_batch_file(requests: list[Request], model: str, path: Path) -> Path:
+    """The requests as OpenAI Batch JSONL for /v1/completions."""
+    with path.open("w") as out:
+        for request in requests:
+            line = {
+                "custom_id": request.custom_id,
+                "method": "POST",
+                "url": "/v1/completions",
+                "body": body(request, model),
+            }
+            out.write(json.dumps(line) + "\n")
+    return path
+
+
+def save(requests: list[Request], path: Path) -> Path:
+    path.write_text(json.dumps([asdict(r) for r in requests]))
+    return path
+
+
+def load(path: Path) -> list[Request]:
+    return [Request(**item) for item in json.loads(path.read_text())]

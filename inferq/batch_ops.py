@@ -1,0 +1,205 @@
+"""What can be done to a batch: create it from a file, cancel it, expire it, finalize it,
+and read its files. Used by the API, the maintenance worker and `inferq run`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+
+from sqlalchemy.orm import Session
+
+from inferq.batch_lines import BatchLineReader
+from inferq.batch_output import render
+from inferq.batches import Batch, FilePurpose, LineError, StoredFile, parse_completion_window
+from inferq.celery_app import JobPublisher
+from inferq.db.batches import BatchStore, NewBatch
+from inferq.db.files import FileStore
+from inferq.events import JobEvents
+from inferq.exceptions import BrokerUnavailable, InvalidRequest, NotFound
+from inferq.requests import JobValidator
+from inferq.webhooks import WebhookRequest
+
+log = logging.getLogger(__name__)
+
+MAX_LISTED_ERRORS = 100
+
+
+class BatchOperations:
+    def __init__(
+        self,
+        *,
+        files: FileStore,
+        batches: BatchStore,
+        validator: JobValidator | None,
+        model_name: str,
+        publisher: JobPublisher | None,
+        events: JobEvents | None,
+        max_lines: int,
+        requeue_after_s: int,
+    ) -> None:
+        self.files = files
+        self.batches = batches
+        self._validator = validator
+        self._model_name = model_name
+        self._publisher = publisher
+        self._events = events
+        self._max_lines = max_lines
+        self._requeue_after_s = requeue_after_s
+
+    def create(
+        self,
+        *,
+        tenant: str,
+        input_file_id: str,
+        endpoint: str,
+        completion_window: str,
+        metadata: dict[str, str],
+        webhook: WebhookRequest | None = None,
+        then: Callable[[Session, Batch], None] | None = None,
+    ) -> Batch:
+        """Check every line of the file and queue a job per line, or fail the batch with
+        the refused lines listed. Nothing is half-written either way."""
+        assert self._validator is not None, "creating batches needs the tokenizer"
+        window = parse_completion_window(completion_window)
+        try:
+            source = self.files.get(input_file_id, scope=tenant)
+        except NotFound as exc:
+            raise InvalidRequest(exc.message, param="input_file_id") from exc
+        if source.purpose is not FilePurpose.BATCH:
+            raise InvalidRequest(
+                f"file {input_file_id} has purpose {source.purpose}, not 'batch'",
+                param="input_file_id",
+            )
+        new = NewBatch(
+            tenant=tenant,
+            endpoint=endpoint,
+            input_file_id=input_file_id,
+            completion_window=completion_window,
+            window=window,
+            model=self._model_name,
+            metadata=metadata,
+            webhook=webhook,
+        )
+        if source.lines > self._max_lines:
+            error = LineError(
+                code="too_many_lines",
+                message=f"the file has {source.lines} lines, over the limit of "
+                f"{self._max_lines}: split it into several batches",
+            )
+            return self.batches.create_failed(new, [error], then=then)
+        reader = BatchLineReader(self._validator, endpoint=endpoint)
+        batch = self.batches.create(
+            new,
+            reader.read(self.files.lines(input_file_id)),
+            requeue_after_s=self._requeue_after_s,
+            max_errors=MAX_LISTED_ERRORS,
+            then=then,
+        )
+        if batch.errors:
+            return batch
+        self._publish(batch)
+        return self.batches.get(batch.id)
+
+    def cancel(self, batch_id: str, *, scope: str | None) -> Batch:
+        """Stop a batch: finished lines stay, the rest never run (running ones are aborted)."""
+        batch, running = self.batches.stop(
+            batch_id,
+            scope=scope,
+            code="batch_cancelled",
+            message="the batch was cancelled before this line ran",
+        )
+        self._after_stop(batch.id, running)
+        return self.batches.get(batch.id)
+
+    def expire_due(self) -> list[str]:
+        """Expire batches past their completion window; return their ids."""
+        expired = []
+        for batch_id in self.batches.expired():
+            _, running = self.batches.stop(
+                batch_id,
+                code="batch_expired",
+                message="the batch expired before this line ran",
+            )
+            self._after_stop(batch_id, running)
+            expired.append(batch_id)
+        return expired
+
+    def finalize(self, batch_id: str) -> Batch | None:
+        """If every line has ended: make the output and error files and end the batch."""
+        batch = self.batches.start_finalizing(batch_id)
+        if batch is None:
+            return None
+        model = batch.model or self._model_name
+        sizes = {
+            errors: _measure(
+                render(
+                    self.batches.results(batch_id, errors=errors),
+                    errors=errors,
+                    endpoint=batch.endpoint,
+                    model=model,
+                )
+            )
+            for errors in (False, True)
+        }
+
+        def add_files(session: Session, batch: Batch) -> tuple[str | None, str | None]:
+            ids: list[str | None] = []
+            for errors, kind in ((False, "output"), (True, "errors")):
+                size, lines = sizes[errors]
+                ids.append(
+                    self.files.add_output(
+                        session,
+                        tenant=batch.tenant,
+                        batch_id=batch.id,
+                        filename=f"{batch.id}_{kind}.jsonl",
+                        size=size,
+                        lines=lines,
+                    )
+                    if lines
+                    else None
+                )
+            return ids[0], ids[1]
+
+        return self.batches.finish_finalizing(batch_id, add_files=add_files)
+
+    def content(self, file: StoredFile) -> Iterator[bytes]:
+        """A file's bytes, streamed: stored chunks, or a batch's results rendered now."""
+        if file.purpose is FilePurpose.BATCH or file.batch_id is None:
+            return self.files.chunks(file.id)
+        batch = self.batches.get(file.batch_id)
+        errors = file.id == batch.error_file_id
+        return render(
+            self.batches.results(batch.id, errors=errors),
+            errors=errors,
+            endpoint=batch.endpoint,
+            model=batch.model or self._model_name,
+        )
+
+    def _publish(self, batch: Batch) -> None:
+        if self._publisher is None:
+            return
+        try:
+            for job_ids in self.batches.job_id_chunks(batch.id):
+                self._publisher.publish_bulk(job_ids)
+        except BrokerUnavailable as exc:
+            # The jobs are safe in Postgres: maintenance publishes those not yet taken.
+            log.warning("batch %s is stored but not all published: %s", batch.id, exc.message)
+
+    def _after_stop(self, batch_id: str, running: list[str]) -> None:
+        if self._events is not None:
+            self._events.cancelled(running)
+        if self._publisher is not None:
+            try:
+                self._publisher.publish_finalize(batch_id)
+                return
+            except BrokerUnavailable:
+                pass  # maintenance's sweep finalizes it
+        self.finalize(batch_id)
+
+
+def _measure(chunks: Iterator[bytes]) -> tuple[int, int]:
+    size = lines = 0
+    for chunk in chunks:
+        size += len(chunk)
+        lines += 1
+    return size, lines

@@ -1,0 +1,130 @@
+"""Output and error files of a batch, line by line, in OpenAI's Batch output format."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from inferq.batches import CHAT_ENDPOINT, ResultRow
+
+
+def output_line(row: ResultRow, *, endpoint: str, model: str) -> dict[str, Any]:
+    """A succeeded line: the chat.completion or text_completion a client would get."""
+    created = int(row.finished_at.timestamp()) if row.finished_at else 0
+    completion_tokens = row.completion_tokens or 0
+    usage = {
+        "prompt_tokens": row.prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": row.prompt_tokens + completion_tokens,
+    }
+    suffix = row.job_id.removeprefix("job_")
+    choices = row.choices or []
+    if endpoint == CHAT_ENDPOINT:
+        body: dict[str, Any] = {
+            "id": f"chatcmpl-{suffix}",
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": c["index"],
+                    "message": {"role": "assistant", "content": c["text"]},
+                    "finish_reason": c["finish_reason"],
+                    "logprobs": _chat_logprobs(c.get("logprobs")),
+                }
+                for c in choices
+            ],
+            "usage": usage,
+            "system_fingerprint": None,
+        }
+    else:
+        body = {
+            "id": f"cmpl-{suffix}",
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": c["index"],
+                    "text": c["text"],
+                    "finish_reason": c["finish_reason"],
+                    "logprobs": _completion_logprobs(c.get("logprobs")),
+                }
+                for c in choices
+            ],
+            "usage": usage,
+        }
+    return {
+        "id": f"batch_req_{suffix}",
+        "custom_id": row.custom_id,
+        "response": {"status_code": 200, "request_id": row.job_id, "body": body},
+        "error": None,
+    }
+
+
+def error_line(row: ResultRow) -> dict[str, Any]:
+    """A line that failed, or never ran (the batch was cancelled or expired)."""
+    error = row.error or {"code": "cancelled", "message": "the line was cancelled"}
+    return {
+        "id": f"batch_req_{row.job_id.removeprefix('job_')}",
+        "custom_id": row.custom_id,
+        "response": None,
+        "error": {"code": error["code"], "message": error["message"]},
+    }
+
+
+def render(
+    rows: Iterable[ResultRow], *, errors: bool, endpoint: str, model: str
+) -> Iterator[bytes]:
+    """JSON lines, one per row, ready to stream."""
+    for row in rows:
+        line = error_line(row) if errors else output_line(row, endpoint=endpoint, model=model)
+        yield _one_line(json.dumps(line, ensure_ascii=False)).encode() + b"\n"
+
+
+def _chat_logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    if entries is None:
+        return None
+    return {
+        "content": [
+            {
+                "token": e["token"],
+                "logprob": e["logprob"],
+                "bytes": list(e["token"].encode()),
+                "top_logprobs": [
+                    {
+                        "token": t["token"],
+                        "logprob": t["logprob"],
+                        "bytes": list(t["token"].encode()),
+                    }
+                    for t in e["top_logprobs"]
+                ],
+            }
+            for e in entries
+        ]
+    }
+
+
+def _completion_logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    if entries is None:
+        return None
+    offsets, position = [], 0
+    for e in entries:
+        offsets.append(position)
+        position += len(e["token"])
+    return {
+        "tokens": [e["token"] for e in entries],
+        "token_logprobs": [e["logprob"] for e in entries],
+        "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+        "text_offset": offsets,
+    }
+
+
+# Characters JSON leaves raw that many readers take for line ends (Python's
+# str.splitlines, JavaScript before ES2019): escaped, so one result is one line.
+_LINE_BREAKERS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def _one_line(text: str) -> str:
+    return text.translate(_LINE_BREAKERS)

@@ -1,0 +1,113 @@
+"""The Celery app (Redis broker, JSON only) and the publisher the API uses."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from celery import Celery
+from kombu import Exchange, Queue
+
+from inferq.constants import (
+    BULK_QUEUE,
+    DELIVER_WEBHOOKS_TASK,
+    FINALIZE_BATCH_TASK,
+    GPU_QUEUES,
+    INTERACTIVE_QUEUE,
+    MAINTAIN_TASK,
+    MAINTENANCE_QUEUE,
+    RUN_JOBS_TASK,
+    SERVICE_QUEUES,
+    WEBHOOKS_QUEUE,
+)
+from inferq.exceptions import BrokerUnavailable
+from inferq.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Every queue hangs off the default (nameless) exchange with its own name as routing key.
+# kombu's Redis transport looks other exchanges up in binding keys it keeps in Redis;
+# if Redis loses its data those keys are gone and messages are silently dead-lettered.
+_DEFAULT_EXCHANGE = Exchange("", type="direct")
+
+
+def _queue(name: str) -> Queue:
+    return Queue(name, _DEFAULT_EXCHANGE, routing_key=name)
+
+
+def make_celery(settings: Settings, *, name: str = "inferq") -> Celery:
+    app = Celery(name, broker=settings.redis_url, set_as_current=False)
+    app.conf.update(
+        # JSON only: a pickled message can carry code, so the worker refuses anything else.
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        # Results live in Postgres, never in Celery's backend.
+        task_ignore_result=True,
+        task_store_errors_even_if_ignored=False,
+        # Acknowledge only after the result is committed; redeliver if the worker dies.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_acks_on_failure_or_timeout=True,
+        worker_prefetch_multiplier=1,
+        broker_transport_options={
+            "visibility_timeout": settings.visibility_timeout_s,
+            "global_keyprefix": settings.redis_key_prefix,
+        },
+        broker_connection_retry_on_startup=True,
+        task_queues=[_queue(q) for q in (*GPU_QUEUES, *SERVICE_QUEUES)],
+        task_routes={
+            MAINTAIN_TASK: {"queue": MAINTENANCE_QUEUE},
+            FINALIZE_BATCH_TASK: {"queue": MAINTENANCE_QUEUE},
+            DELIVER_WEBHOOKS_TASK: {"queue": WEBHOOKS_QUEUE},
+        },
+        task_default_queue=INTERACTIVE_QUEUE,
+        task_default_exchange="",
+        task_create_missing_queues=False,
+        # Events feed Flower: which worker ran which job, for how long.
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        worker_hijack_root_logger=False,
+        worker_redirect_stdouts=False,
+    )
+    return app
+
+
+class JobPublisher:
+    """Publishes job ids to the GPU queues; single jobs one by one, file lines in chunks."""
+
+    def __init__(self, app: Celery, *, bulk_chunk_size: int) -> None:
+        self._app = app
+        self._bulk_chunk_size = bulk_chunk_size
+
+    def publish_interactive(self, job_ids: Sequence[str]) -> None:
+        for job_id in job_ids:
+            self._send([job_id], INTERACTIVE_QUEUE)
+
+    def publish_bulk(self, job_ids: Sequence[str]) -> None:
+        size = self._bulk_chunk_size
+        for start in range(0, len(job_ids), size):
+            self._send(list(job_ids[start : start + size]), BULK_QUEUE)
+
+    def publish_finalize(self, batch_id: str) -> None:
+        """Ask the maintenance worker to make a finished batch's output files."""
+        self._send_task(FINALIZE_BATCH_TASK, [batch_id], MAINTENANCE_QUEUE)
+
+    def publish_webhooks(self) -> None:
+        """Wake the delivery worker: deliveries are due (it finds them in Postgres)."""
+        self._send_task(DELIVER_WEBHOOKS_TASK, [], WEBHOOKS_QUEUE)
+
+    def _send(self, job_ids: list[str], queue: str) -> None:
+        self._send_task(RUN_JOBS_TASK, [job_ids], queue)
+
+    def _send_task(self, name: str, args: list[object], queue: str) -> None:
+        try:
+            self._app.send_task(
+                name,
+                args=args,
+                queue=queue,
+                retry=True,
+                retry_policy={"max_retries": 3, "interval_start": 0.1, "interval_step": 0.5},
+            )
+        except Exception as exc:  # kombu raises whatever the transport raised
+            raise BrokerUnavailable(f"could not publish to Redis: {exc}") from exc

@@ -1,0 +1,35 @@
+"""Names shared across processes: queues, tasks, Redis keys, headers, id prefixes."""
+
+from typing import Final
+
+# Celery queues. Single jobs and batch-file lines travel apart so bulk work never
+# sits in front of an interactive request in Redis.
+INTERACTIVE_QUEUE: Final = "interactive"
+BULK_QUEUE: Final = "bulk"
+GPU_QUEUES: Final = (INTERACTIVE_QUEUE, BULK_QUEUE)
+# Work that needs no GPU, on a worker of its own so it never waits behind generation.
+MAINTENANCE_QUEUE: Final = "maintenance"
+WEBHOOKS_QUEUE: Final = "webhooks"
+SERVICE_QUEUES: Final = (MAINTENANCE_QUEUE, WEBHOOKS_QUEUE)
+
+# Celery task names: the API publishes by name and never imports the worker.
+RUN_JOBS_TASK: Final = "inferq.run_jobs"
+MAINTAIN_TASK: Final = "inferq.maintain"
+FINALIZE_BATCH_TASK: Final = "inferq.finalize_batch"
+DELIVER_WEBHOOKS_TASK: Final = "inferq.deliver_webhooks"
+
+# Redis keys and channels, each under `Settings.redis_key_prefix`.
+JOBS_DONE_CHANNEL: Final = "jobs:done"
+JOBS_CANCEL_CHANNEL: Final = "jobs:cancel"
+# Set once by maintenance; if it is gone, Redis lost its data and every queued job is
+# published again from Postgres.
+EPOCH_KEY: Final = "epoch"
+MAINTENANCE_LOCK_KEY: Final = "maintenance:lock"
+MAINTENANCE_LAST_RUN_KEY: Final = "maintenance:last-run"
+
+# HTTP headers.
+IDEMPOTENCY_KEY_HEADER: Final = "Idempotency-Key"
+IDEMPOTENT_REPLAY_HEADER: Final = "Idempotent-Replayed"
+
+# Id prefixes, so an id says what it names.
+JOB_ID_PREFIX: Final = "job_"

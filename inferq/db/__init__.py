@@ -1,0 +1,1 @@
+"""Persistence: the ORM rows, the engine factory and the stores that hold all SQL."""

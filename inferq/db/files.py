@@ -1,0 +1,207 @@
+"""The file store: uploaded files kept in Postgres in 1 MiB chunks, written and read as
+streams, so no file is ever held whole in memory."""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime
+
+from sqlalchemy import insert, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from inferq.batches import FILE_ID_PREFIX, FilePurpose, StoredFile
+from inferq.db.jobs import as_utc, translate_errors, utcnow
+from inferq.db.models import FileChunkRow, FileRow
+from inferq.exceptions import InvalidRequest, NotFound, TooLarge
+from inferq.ids import new_id
+
+CHUNK_BYTES = 1 << 20
+
+
+class FileStore:
+    def __init__(
+        self, sessions: sessionmaker[Session], *, clock: Callable[[], datetime] = utcnow
+    ) -> None:
+        self._sessions = sessions
+        self._clock = clock
+
+    @translate_errors
+    def upload(
+        self,
+        *,
+        tenant: str,
+        purpose: FilePurpose,
+        filename: str,
+        chunks: Iterable[bytes],
+        max_bytes: int,
+    ) -> StoredFile:
+        """Store a file read from `chunks`: it must be UTF-8 text, not empty, at most
+        `max_bytes`. Nothing is kept if it is refused."""
+        file_id = new_id(FILE_ID_PREFIX)
+        decoder = codecs.getincrementaldecoder("utf-8")("strict")
+        size = lines = 0
+        last = b""
+        with self._sessions.begin() as session:
+            session.execute(
+                insert(FileRow).values(
+                    id=file_id,
+                    tenant=tenant,
+                    purpose=purpose.value,
+                    filename=filename,
+                    bytes=0,
+                    lines=0,
+                    created_at=self._clock(),
+                )
+            )
+            for seq, chunk in enumerate(_rechunk(chunks)):
+                try:
+                    decoder.decode(chunk)
+                except UnicodeDecodeError as exc:
+                    raise InvalidRequest(
+                        f"the file is not valid UTF-8: byte 0x{chunk[exc.start]:02x} at offset "
+                        f"{size + exc.start} cannot be decoded; save it as UTF-8",
+                        param="file",
+                        code="invalid_utf8",
+                    ) from exc
+                size += len(chunk)
+                if size > max_bytes:
+                    raise TooLarge(f"the file is over the limit of {max_bytes} bytes")
+                lines += chunk.count(b"\n")
+                last = chunk[-1:]
+                session.execute(insert(FileChunkRow).values(file_id=file_id, seq=seq, data=chunk))
+            try:
+                decoder.decode(b"", final=True)
+            except UnicodeDecodeError as exc:
+                raise InvalidRequest(
+                    "the file is not valid UTF-8: it ends inside a multi-byte character",
+                    param="file",
+                    code="invalid_utf8",
+                ) from exc
+            if size == 0:
+                raise InvalidRequest("the file is empty", param="file", code="empty_file")
+            if last != b"\n":
+                lines += 1
+            row = session.get(FileRow, file_id)
+            assert row is not None
+            row.bytes, row.lines = size, lines
+            return _file_from_row(row)
+
+    @translate_errors
+    def add_output(
+        self, session: Session, *, tenant: str, batch_id: str, filename: str, size: int, lines: int
+    ) -> str:
+        """Record a file made by inferq (a batch's output or errors), inside `session`.
+        It has no chunks: its content is produced from the batch's jobs when read."""
+        file_id = new_id(FILE_ID_PREFIX)
+        session.execute(
+            insert(FileRow).values(
+                id=file_id,
+                tenant=tenant,
+                purpose=FilePurpose.BATCH_OUTPUT.value,
+                filename=filename,
+                bytes=size,
+                lines=lines,
+                batch_id=batch_id,
+                created_at=self._clock(),
+            )
+        )
+        return file_id
+
+    @translate_errors
+    def get(self, file_id: str, *, scope: str | None = None) -> StoredFile:
+        with self._sessions.begin() as session:
+            return _file_from_row(_scoped(session, file_id, scope))
+
+    @translate_errors
+    def page(
+        self,
+        *,
+        scope: str | None,
+        purpose: FilePurpose | None = None,
+        after: str | None = None,
+        limit: int = 20,
+    ) -> tuple[list[StoredFile], bool]:
+        query = (
+            select(FileRow)
+            .where(FileRow.deleted_at.is_(None))
+            .order_by(FileRow.id.desc())
+            .limit(limit + 1)
+        )
+        if scope is not None:
+            query = query.where(FileRow.tenant == scope)
+        if purpose is not None:
+            query = query.where(FileRow.purpose == purpose.value)
+        if after is not None:
+            query = query.where(FileRow.id < after)
+        with self._sessions.begin() as session:
+            rows = session.scalars(query).all()
+            return [_file_from_row(r) for r in rows[:limit]], len(rows) > limit
+
+    @translate_errors
+    def delete(self, file_id: str, *, scope: str | None = None) -> StoredFile:
+        """Delete a file: its chunks go; batches that used it keep their jobs."""
+        with self._sessions.begin() as session:
+            row = _scoped(session, file_id, scope)
+            row.deleted_at = self._clock()
+            session.query(FileChunkRow).filter(FileChunkRow.file_id == file_id).delete()
+            return _file_from_row(row)
+
+    def chunks(self, file_id: str) -> Iterator[bytes]:
+        """The stored bytes, a chunk at a time (one row read per chunk)."""
+        seq = 0
+        while True:
+            with self._sessions.begin() as session:
+                data = session.scalar(
+                    select(FileChunkRow.data).where(
+                        FileChunkRow.file_id == file_id, FileChunkRow.seq == seq
+                    )
+                )
+            if data is None:
+                return
+            yield bytes(data)
+            seq += 1
+
+    def lines(self, file_id: str) -> Iterator[bytes]:
+        """The stored file line by line (without the newline); a UTF-8 BOM is dropped."""
+        pending = b""
+        for index, chunk in enumerate(self.chunks(file_id)):
+            pending += chunk.removeprefix(codecs.BOM_UTF8) if index == 0 else chunk
+            *complete, pending = pending.split(b"\n")
+            yield from complete
+        if pending:
+            yield pending
+
+
+def _rechunk(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """Chunks of exactly CHUNK_BYTES (the last may be shorter), whatever came in."""
+    buffer = b""
+    for chunk in chunks:
+        buffer += chunk
+        while len(buffer) >= CHUNK_BYTES:
+            yield buffer[:CHUNK_BYTES]
+            buffer = buffer[CHUNK_BYTES:]
+    if buffer:
+        yield buffer
+
+
+def _scoped(session: Session, file_id: str, scope: str | None) -> FileRow:
+    row = session.get(FileRow, file_id)
+    if row is None or row.deleted_at is not None or (scope is not None and row.tenant != scope):
+        raise NotFound(f"no file with id {file_id!r}")
+    return row
+
+
+def _file_from_row(row: FileRow) -> StoredFile:
+    created_at = as_utc(row.created_at)
+    assert created_at is not None
+    return StoredFile(
+        id=row.id,
+        tenant=row.tenant,
+        purpose=FilePurpose(row.purpose),
+        filename=row.filename,
+        bytes=row.bytes,
+        lines=row.lines,
+        created_at=created_at,
+        batch_id=row.batch_id,
+    )

@@ -1,0 +1,542 @@
+"""The job store: every SQL statement about jobs lives here."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, ParamSpec, TypeVar
+
+from sqlalchemy import and_, func, insert, or_, select, text, update
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from inferq.constants import JOB_ID_PREFIX
+from inferq.db.models import JobRow
+from inferq.db.outbox import enqueue_job_events, ensure_endpoint, wake_delivery
+from inferq.exceptions import InvalidState, NotFound, StoreUnavailable
+from inferq.ids import new_id
+from inferq.jobs import (
+    ACTIVE_STATUSES,
+    Choice,
+    ClaimedJob,
+    Job,
+    JobError,
+    JobOutcome,
+    JobResult,
+    JobSpec,
+    JobStatus,
+    SamplingParams,
+    pack_token_ids,
+    unpack_token_ids,
+)
+from inferq.webhooks import WebhookRequest
+
+P = ParamSpec("P")
+T = TypeVar("T")
+_ACTIVE = [s.value for s in ACTIVE_STATUSES]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def translate_errors(method: Callable[P, T]) -> Callable[P, T]:
+    """Turn a lost or refused database connection into `StoreUnavailable`."""
+
+    @functools.wraps(method)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return method(*args, **kwargs)
+        except OperationalError as exc:
+            raise StoreUnavailable(f"the database is unavailable: {exc.orig}") from exc
+        except DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise StoreUnavailable(f"the database connection was lost: {exc.orig}") from exc
+            raise
+
+    return wrapper
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """What the outbox needs of a job that just ended."""
+
+    id: str
+    tenant: str
+    status: str
+    webhook_endpoint_id: str | None
+    webhook_events: list[str] | None
+
+
+@dataclass(frozen=True)
+class DueJob:
+    """A job to publish again, and the queue it belongs on."""
+
+    id: str
+    queue: str
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a listing, newest first."""
+
+    items: list[Job]
+    has_more: bool
+
+
+class JobStore:
+    """Reads and writes jobs. Built once per process and handed to whoever needs it."""
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        *,
+        clock: Callable[[], datetime] = utcnow,
+        on_webhooks: Callable[[], None] | None = None,
+    ) -> None:
+        """`on_webhooks` is called after a commit that queued webhook deliveries (to wake
+        the delivery worker); if it fails, maintenance finds them anyway."""
+        self._sessions = sessions
+        self._clock = clock
+        self._on_webhooks = on_webhooks
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Session]:
+        with self._sessions.begin() as session:
+            yield session
+
+    @translate_errors
+    def ping(self) -> None:
+        with self._transaction() as session:
+            session.execute(text("SELECT 1"))
+
+    @translate_errors
+    def create_jobs(
+        self,
+        specs: Sequence[JobSpec],
+        *,
+        tenant: str,
+        queue: str,
+        requeue_after_s: int,
+        webhook: WebhookRequest | None = None,
+        then: Callable[[Session, list[Job]], None] | None = None,
+    ) -> list[Job]:
+        """Write new queued jobs for `tenant` in one transaction and return them.
+
+        `then` runs inside that transaction with the new jobs (to remember the response
+        to an idempotent request, say), so both are written or neither is.
+        """
+        now = self._clock()
+        rows: list[dict[str, Any]] = [
+            {
+                "id": new_id(JOB_ID_PREFIX),
+                "tenant": tenant,
+                "status": JobStatus.QUEUED.value,
+                "queue": queue,
+                "model": spec.model,
+                "prompt": spec.prompt,
+                "messages": spec.messages,
+                "prompt_token_ids": pack_token_ids(spec.prompt_token_ids),
+                "prompt_tokens": len(spec.prompt_token_ids),
+                "sampling": spec.sampling.to_dict(),
+                "metadata_": spec.metadata,
+                "created_at": now,
+                # A queued job whose message is lost is published again after this.
+                "lease_expires_at": now + timedelta(seconds=requeue_after_s),
+                "published_at": now,
+                "attempts": 0,
+            }
+            for spec in specs
+        ]
+        jobs = [
+            Job(
+                id=row["id"],
+                tenant=tenant,
+                status=JobStatus.QUEUED,
+                model=spec.model,
+                prompt=spec.prompt,
+                messages=spec.messages,
+                sampling=spec.sampling,
+                metadata=spec.metadata,
+                prompt_tokens=len(spec.prompt_token_ids),
+                created_at=now,
+            )
+            for row, spec in zip(rows, specs, strict=True)
+        ]
+        with self._transaction() as session:
+            if webhook is not None:
+                endpoint_id = ensure_endpoint(session, tenant=tenant, url=webhook.url, now=now)
+                for row in rows:
+                    row["webhook_endpoint_id"] = endpoint_id
+                    row["webhook_events"] = webhook.events
+            if rows:
+                session.execute(insert(JobRow), rows)
+            if then is not None:
+                then(session, jobs)
+        return jobs
+
+    @translate_errors
+    def mark_unpublished(self, job_ids: Sequence[str]) -> None:
+        """Make queued jobs due for publishing at the next maintenance pass."""
+        with self._transaction() as session:
+            session.execute(
+                update(JobRow)
+                .where(JobRow.id.in_(job_ids), JobRow.status == JobStatus.QUEUED.value)
+                .values(lease_expires_at=self._clock())
+                .execution_options(synchronize_session=False)
+            )
+
+    @translate_errors
+    def get_job(self, job_id: str, *, scope: str | None = None) -> Job:
+        """The job, if it exists and belongs to `scope` (a tenant; None sees every tenant)."""
+        with self._transaction() as session:
+            return _job_from_row(_scoped_row(session, job_id, scope))
+
+    @translate_errors
+    def get_jobs(self, job_ids: Sequence[str]) -> list[Job]:
+        with self._transaction() as session:
+            rows = session.scalars(select(JobRow).where(JobRow.id.in_(job_ids))).all()
+            return [_job_from_row(row) for row in rows]
+
+    @translate_errors
+    def list_jobs(
+        self,
+        *,
+        scope: str | None = None,
+        status: JobStatus | None = None,
+        batch_id: str | None = None,
+        after: str | None = None,
+        limit: int = 20,
+    ) -> Page:
+        """Jobs newest first; `after` is the id of the last job of the previous page."""
+        query = select(JobRow).order_by(JobRow.id.desc()).limit(limit + 1)
+        if batch_id is not None:
+            query = query.where(JobRow.batch_id == batch_id)
+        if scope is not None:
+            query = query.where(JobRow.tenant == scope)
+        if status is not None:
+            query = query.where(JobRow.status == status.value)
+        if after is not None:
+            query = query.where(JobRow.id < after)
+        with self._transaction() as session:
+            rows = session.scalars(query).all()
+            return Page([_job_from_row(r) for r in rows[:limit]], has_more=len(rows) > limit)
+
+    @translate_errors
+    def cancel_job(self, job_id: str, *, scope: str | None = None) -> Job:
+        """Cancel a queued or running job; a finished one raises `InvalidState`."""
+        with self._transaction() as session:
+            row = _scoped_row(session, job_id, scope, for_update=True)
+            if row.status not in _ACTIVE:
+                raise InvalidState(
+                    f"job {job_id} is already {row.status}: only queued or running jobs "
+                    "can be cancelled"
+                )
+            row.status = JobStatus.CANCELLED.value
+            row.finished_at = self._clock()
+            row.lease_expires_at = None
+            queued = enqueue_job_events(session, [row], row.finished_at)
+            job = _job_from_row(row)
+        wake_delivery(self._on_webhooks, queued)
+        return job
+
+    @translate_errors
+    def claim_jobs(self, job_ids: Sequence[str], *, worker: str, lease_s: int) -> list[ClaimedJob]:
+        """Take jobs for `worker`: queued ones, and running ones whose lease ran out.
+
+        Jobs that are finished, cancelled or held under a live lease are skipped, which is
+        what makes a redelivered message harmless.
+        """
+        now = self._clock()
+        claimable = or_(
+            JobRow.status == JobStatus.QUEUED.value,
+            and_(JobRow.status == JobStatus.RUNNING.value, JobRow.lease_expires_at < now),
+        )
+        statement = (
+            update(JobRow)
+            .where(JobRow.id.in_(job_ids), claimable)
+            .values(
+                status=JobStatus.RUNNING.value,
+                worker=worker,
+                started_at=now,
+                lease_expires_at=now + timedelta(seconds=lease_s),
+                attempts=JobRow.attempts + 1,
+            )
+            .returning(
+                JobRow.id,
+                JobRow.prompt_token_ids,
+                JobRow.sampling,
+                JobRow.created_at,
+                JobRow.batch_id,
+            )
+            .execution_options(synchronize_session=False)
+        )
+        with self._transaction() as session:
+            rows = session.execute(statement).all()
+        by_id = {
+            row.id: ClaimedJob(
+                id=row.id,
+                prompt_token_ids=unpack_token_ids(row.prompt_token_ids),
+                sampling=SamplingParams.from_dict(row.sampling),
+                created_at=as_utc(row.created_at) or now,
+                batch_id=row.batch_id,
+            )
+            for row in rows
+        }
+        return [by_id[job_id] for job_id in job_ids if job_id in by_id]
+
+    @translate_errors
+    def renew_leases(self, job_ids: Sequence[str], *, worker: str, lease_s: int) -> set[str]:
+        """Extend `worker`'s leases; return the ids it no longer holds (cancelled, finished
+        or taken by another worker). A job that went back to queued while `worker` still
+        had it (its lease lapsed during a database outage) is taken back: nobody else has
+        it, and its work is already in this worker's engine."""
+        if not job_ids:
+            return set()
+        statement = (
+            update(JobRow)
+            .where(
+                JobRow.id.in_(job_ids),
+                or_(
+                    and_(JobRow.status == JobStatus.RUNNING.value, JobRow.worker == worker),
+                    JobRow.status == JobStatus.QUEUED.value,
+                ),
+            )
+            .values(
+                status=JobStatus.RUNNING.value,
+                worker=worker,
+                lease_expires_at=self._clock() + timedelta(seconds=lease_s),
+            )
+            .returning(JobRow.id)
+            .execution_options(synchronize_session=False)
+        )
+        with self._transaction() as session:
+            held = set(session.scalars(statement).all())
+        return set(job_ids) - held
+
+    @translate_errors
+    def release_jobs(
+        self, job_ids: Sequence[str], *, worker: str, requeue_after_s: int
+    ) -> list[str]:
+        """Give `worker`'s unfinished jobs back (status queued), e.g. when it shuts down.
+        Their messages go back to Redis too; the lease is a fallback should they not."""
+        if not job_ids:
+            return []
+        statement = (
+            update(JobRow)
+            .where(
+                JobRow.id.in_(job_ids),
+                JobRow.status == JobStatus.RUNNING.value,
+                JobRow.worker == worker,
+            )
+            .values(
+                status=JobStatus.QUEUED.value,
+                worker=None,
+                started_at=None,
+                lease_expires_at=self._clock() + timedelta(seconds=requeue_after_s),
+            )
+            .returning(JobRow.id)
+            .execution_options(synchronize_session=False)
+        )
+        with self._transaction() as session:
+            return list(session.scalars(statement).all())
+
+    @translate_errors
+    def take_due(self, *, requeue_after_s: int, limit: int) -> list[DueJob]:
+        """Jobs whose message must be published again: running jobs whose worker stopped
+        renewing their lease (they return to queued) and queued jobs not taken in time.
+        Their lease moves `requeue_after_s` ahead, so each is returned once per period."""
+        now = self._clock()
+        due = (
+            select(JobRow.id)
+            .where(JobRow.status.in_(_ACTIVE), JobRow.lease_expires_at <= now)
+            .order_by(JobRow.lease_expires_at)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        statement = (
+            update(JobRow)
+            .where(JobRow.id.in_(due.scalar_subquery()))
+            .values(
+                status=JobStatus.QUEUED.value,
+                worker=None,
+                lease_expires_at=now + timedelta(seconds=requeue_after_s),
+                published_at=now,
+            )
+            .returning(JobRow.id, JobRow.queue)
+            .execution_options(synchronize_session=False)
+        )
+        with self._transaction() as session:
+            return [DueJob(row.id, row.queue) for row in session.execute(statement)]
+
+    @translate_errors
+    def queued_jobs(self, *, requeue_after_s: int) -> list[DueJob]:
+        """Every queued job, to publish again after Redis lost its data."""
+        now = self._clock()
+        statement = (
+            update(JobRow)
+            .where(JobRow.status == JobStatus.QUEUED.value)
+            .values(lease_expires_at=now + timedelta(seconds=requeue_after_s), published_at=now)
+            .returning(JobRow.id, JobRow.queue)
+            .execution_options(synchronize_session=False)
+        )
+        with self._transaction() as session:
+            rows = session.execute(statement).all()
+        return sorted((DueJob(row.id, row.queue) for row in rows), key=lambda j: j.id)
+
+    @translate_errors
+    def touch_published(self, job_ids: Sequence[str]) -> None:
+        """Note that these queued jobs' messages are held by a live worker right now."""
+        if not job_ids:
+            return
+        with self._transaction() as session:
+            session.execute(
+                update(JobRow)
+                .where(JobRow.id.in_(job_ids), JobRow.status == JobStatus.QUEUED.value)
+                .values(published_at=self._clock())
+                .execution_options(synchronize_session=False)
+            )
+
+    @translate_errors
+    def published_at(self, job_ids: Sequence[str]) -> datetime | None:
+        """When the earliest of these jobs was last published (None if none exist)."""
+        with self._transaction() as session:
+            value = session.scalar(
+                select(func.min(JobRow.published_at)).where(JobRow.id.in_(job_ids))
+            )
+        return as_utc(value)
+
+    @translate_errors
+    def take_stranded(
+        self, *, queue: str, published_before: datetime, requeue_after_s: int, limit: int
+    ) -> list[DueJob]:
+        """Queued jobs of `queue` published before `published_before`: their messages have
+        left Redis's list, yet no worker claimed them (it died first). Publish again."""
+        now = self._clock()
+        stranded = (
+            select(JobRow.id)
+            .where(
+                JobRow.status == JobStatus.QUEUED.value,
+                JobRow.queue == queue,
+                JobRow.published_at < published_before,
+            )
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        statement = (
+            update(JobRow)
+            .where(JobRow.id.in_(stranded.scalar_subquery()))
+            .values(lease_expires_at=now + timedelta(seconds=requeue_after_s), published_at=now)
+            .returning(JobRow.id, JobRow.queue)
+            .execution_options(synchronize_session=False)
+        )
+        with self._transaction() as session:
+            return [DueJob(row.id, row.queue) for row in session.execute(statement)]
+
+    @translate_errors
+    def finish_jobs(self, outcomes: Sequence[JobOutcome]) -> list[str]:
+        """Write results and errors in one transaction, each only if its job is still
+        queued or running. Returns the ids written; the others had already ended."""
+        if not outcomes:
+            return []
+        now = self._clock()
+        ids = [o.job_id for o in outcomes]
+        with self._transaction() as session:
+            rows = session.execute(
+                select(JobRow.id, JobRow.tenant, JobRow.webhook_endpoint_id, JobRow.webhook_events)
+                .where(JobRow.id.in_(ids), JobRow.status.in_(_ACTIVE))
+                .with_for_update()
+            ).all()
+            live = {row.id for row in rows}
+            values = [_outcome_values(o, now) for o in outcomes if o.job_id in live]
+            if values:
+                session.execute(update(JobRow), values)
+            status = {v["id"]: v["status"] for v in values}
+            queued = enqueue_job_events(
+                session,
+                [
+                    _Ended(row.id, row.tenant, status[row.id], *row[2:])
+                    for row in rows
+                    if row.webhook_endpoint_id is not None
+                ],
+                now,
+            )
+        wake_delivery(self._on_webhooks, queued)
+        return [job_id for job_id in ids if job_id in live]
+
+
+def _scoped_row(
+    session: Session, job_id: str, scope: str | None, *, for_update: bool = False
+) -> JobRow:
+    row = session.get(JobRow, job_id, with_for_update=for_update)
+    # Another tenant's job is "not found", so ids cannot be probed across tenants.
+    if row is None or (scope is not None and row.tenant != scope):
+        raise NotFound(f"no job with id {job_id!r}")
+    return row
+
+
+def _outcome_values(outcome: JobOutcome, now: datetime) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "id": outcome.job_id,
+        "status": outcome.status.value,
+        "finished_at": now,
+        "lease_expires_at": None,
+    }
+    if outcome.started_at is not None:
+        values["started_at"] = outcome.started_at
+    if outcome.result is not None:
+        values["choices"] = [_storable_choice(c.to_dict()) for c in outcome.result.choices]
+        values["completion_tokens"] = outcome.result.completion_tokens
+    if outcome.error is not None:
+        values["error"] = outcome.error.to_dict()
+    return values
+
+
+def _storable_choice(choice: dict[str, Any]) -> dict[str, Any]:
+    """Postgres text cannot hold NUL, which a model may well generate: it becomes U+FFFD."""
+    choice["text"] = choice["text"].replace("\x00", "\ufffd")
+    for entry in choice["logprobs"] or ():
+        entry["token"] = entry["token"].replace("\x00", "\ufffd")
+        for alternative in entry["top_logprobs"]:
+            alternative["token"] = alternative["token"].replace("\x00", "\ufffd")
+    return choice
+
+
+def as_utc(value: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; everything inferq stores is UTC."""
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+def _job_from_row(row: JobRow) -> Job:
+    result = None
+    if row.choices is not None:
+        result = JobResult(
+            choices=tuple(Choice.from_dict(c) for c in row.choices),
+            prompt_tokens=row.prompt_tokens,
+        )
+    created_at = as_utc(row.created_at)
+    assert created_at is not None
+    return Job(
+        id=row.id,
+        tenant=row.tenant,
+        status=JobStatus(row.status),
+        model=row.model,
+        prompt=row.prompt,
+        messages=row.messages,
+        sampling=SamplingParams.from_dict(row.sampling),
+        metadata=row.metadata_,
+        prompt_tokens=row.prompt_tokens,
+        created_at=created_at,
+        attempts=row.attempts,
+        started_at=as_utc(row.started_at),
+        finished_at=as_utc(row.finished_at),
+        result=result,
+        error=None if row.error is None else JobError(**row.error),
+        batch_id=row.batch_id,
+        custom_id=row.custom_id,
+    )

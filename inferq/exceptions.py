@@ -1,0 +1,76 @@
+"""inferq's exceptions: one root, a subclass per thing that can go wrong."""
+
+from __future__ import annotations
+
+
+class InferqError(Exception):
+    """Something went wrong in inferq."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or self.__doc__ or type(self).__name__)
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0])
+
+
+class NotFound(InferqError):
+    """No such object."""
+
+
+class InvalidRequest(InferqError):
+    """The request is invalid."""
+
+    def __init__(self, message: str, *, param: str | None = None, code: str = "invalid_request"):
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+class InvalidState(InferqError):
+    """The object is not in a state that allows this."""
+
+
+class StoreUnavailable(InferqError):
+    """The database could not be reached; try again shortly."""
+
+
+class SchemaOutdated(InferqError):
+    """The database schema is not the one this code needs: run `inferq migrate`."""
+
+
+class BrokerUnavailable(InferqError):
+    """Redis could not be reached; try again shortly."""
+
+
+class JobsReturned(InferqError):
+    """The worker is shutting down and gave these jobs back to the queue unfinished."""
+
+
+class EngineError(InferqError):
+    """The inference engine failed."""
+
+
+class RequestRejected(EngineError):
+    """The engine refused one request; the others are unaffected."""
+
+
+class Unauthorized(InferqError):
+    """A valid API key is required: send `Authorization: Bearer <key>`."""
+
+
+class Forbidden(InferqError):
+    """This API key may not do that."""
+
+
+class TooLarge(InferqError):
+    """The request body is too large."""
+
+
+class RetryLater(InferqError):
+    """Too much at once; try again after `retry_after_s` seconds."""
+
+    def __init__(self, message: str, *, retry_after_s: int, code: str) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        self.code = code

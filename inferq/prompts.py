@@ -1,0 +1,88 @@
+"""Turning prompts and chat messages into token ids, the way vLLM would."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from inferq.exceptions import InvalidRequest
+
+
+class _Tokenizer(Protocol):  # the slice of a Hugging Face tokenizer used here
+    chat_template: Any
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
+
+
+class PromptRenderer:
+    """Tokenizes prompts with the model's tokenizer and renders chat messages with its
+    chat template, so token counts here match the engine's exactly."""
+
+    def __init__(self, tokenizer: _Tokenizer, *, context_len: int) -> None:
+        self._tokenizer = tokenizer
+        self.context_len = context_len
+        # The Rust tokenizer is fast and thread-safe for plain encodes; a slow (Python)
+        # tokenizer is not, so those calls go one at a time.
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._backend = backend
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, name: str, *, max_model_len: int | None) -> PromptRenderer:
+        """Load the tokenizer (and, unless `max_model_len` is given, the model's context)."""
+        from transformers import AutoConfig, AutoTokenizer  # slow import, kept off start-up
+
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        context_len = max_model_len
+        if context_len is None:
+            config = AutoConfig.from_pretrained(name)
+            context_len = int(getattr(config, "max_position_embeddings", 0) or 0)
+            if not context_len:
+                raise InvalidRequest(f"cannot tell the context length of {name}: set max_model_len")
+        return cls(tokenizer, context_len=context_len)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self._tokenizer.chat_template)
+
+    def _encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        if self._backend is not None:
+            return list(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
+        with self._lock:
+            return self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def completion(self, prompt: str) -> list[int]:
+        """Token ids of a raw prompt, with the BOS token the model expects."""
+        return self._encode(prompt, add_special_tokens=True)
+
+    def chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        """Token ids of chat messages rendered with the chat template, ready for the reply."""
+        # The template already holds the special tokens (BOS and the headers).
+        return self._encode(self.chat_text(messages), add_special_tokens=False)
+
+    def chat_text(self, messages: Sequence[dict[str, Any]]) -> str:
+        """Chat messages rendered with the chat template (not yet tokenized)."""
+        if not self.has_chat_template:
+            raise InvalidRequest(
+                "this model has no chat template: send `prompt` instead of `messages`",
+                param="messages",
+            )
+        with self._lock:  # jinja rendering inside transformers is not documented thread-safe
+            text = self._tokenizer.apply_chat_template(
+                list(messages), add_generation_prompt=True, tokenize=False
+            )
+        return str(text)
+
+    def encode_many(self, texts: Sequence[str], *, add_special_tokens: bool) -> list[list[int]]:
+        """Token ids of many texts at once (the Rust tokenizer spreads them over cores)."""
+        if not texts:
+            return []
+        if self._backend is not None:
+            encodings = self._backend.encode_batch(
+                list(texts), add_special_tokens=add_special_tokens
+            )
+            return [list(e.ids) for e in encodings]
+        return [self._encode(t, add_special_tokens=add_special_tokens) for t in texts]

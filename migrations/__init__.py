@@ -1,0 +1,1 @@
+"""Alembic migrations; `inferq migrate` runs them to head."""

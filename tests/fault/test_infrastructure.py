@@ -1,0 +1,56 @@
+"""Redis losing everything and Postgres restarting under load: every job still ends with
+one result. Each test runs its own server to flush or restart."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from inferq.jobs import JobStatus
+from tests.fault.conftest import DeploymentFactory
+from tests.helpers.servers import PostgresServer
+
+pytestmark = pytest.mark.engine
+
+
+def _bodies(count: int, tokens: int) -> list[dict[str, object]]:
+    return [{"prompt": f"job {i}", "max_tokens": tokens, "ignore_eos": True} for i in range(count)]
+
+
+def test_flushall_on_redis_mid_run_loses_nothing(
+    own_redis: str, deployment: DeploymentFactory
+) -> None:
+    deployed = deployment(redis_url=own_redis)
+    deployed.start_worker("gpu-a")
+    # About half a minute of work for the tiny model: most of it still waits in Redis.
+    ids = deployed.submit(_bodies(300, 400))
+    deployed.wait_done_count(ids, 10)
+    queued = sum(1 for j in deployed.jobs(ids) if j.status is JobStatus.QUEUED)
+    redis.Redis.from_url(own_redis).flushall()
+    jobs = deployed.wait_all_ended(ids)
+
+    assert queued > 20  # the flush took their messages
+    assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 300
+    assert all(j.result is not None and j.result.completion_tokens == 400 for j in jobs)
+
+
+def test_a_postgres_restart_mid_write_loses_nothing_and_fails_nothing(
+    own_postgres: PostgresServer, deployment: DeploymentFactory
+) -> None:
+    deployed = deployment(database_url=own_postgres.url("inferq"))
+    worker = deployed.start_worker("gpu-a")
+    ids = deployed.submit(_bodies(300, 48))
+    deployed.wait_done_count(ids, 30)
+    own_postgres.stop()
+    time.sleep(3)
+    own_postgres.start()
+    jobs = deployed.wait_all_ended(ids)
+
+    assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 300
+    assert all(j.result is not None and j.result.completion_tokens == 48 for j in jobs)
+    # The worker rode it out: the same process, still serving.
+    assert worker.alive()
+    more = deployed.submit(_bodies(5, 8))
+    assert [j.status for j in deployed.wait_all_ended(more)] == [JobStatus.SUCCEEDED] * 5

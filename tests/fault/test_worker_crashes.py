@@ -1,0 +1,138 @@
+"""A GPU worker killed outright: its jobs come back through their leases and run to
+exactly one result. Assertions are on Postgres rows."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+import redis
+from sqlalchemy import select
+
+from inferq.db.models import WebhookAttemptRow, WebhookDeliveryRow
+from inferq.jobs import JobStatus
+from tests.fault.conftest import DeploymentFactory
+from tests.helpers.receiver import Received, receiver
+
+pytestmark = pytest.mark.engine
+
+
+def _bodies(count: int, tokens: int) -> list[dict[str, object]]:
+    return [
+        {"prompt": f"job {i}", "max_tokens": tokens, "ignore_eos": True, "temperature": 0}
+        for i in range(count)
+    ]
+
+
+def _job_id(request: Received) -> str:
+    return str(json.loads(request.body)["data"]["id"])
+
+
+def test_sigkill_with_500_jobs_in_flight_loses_nothing(deployment: DeploymentFactory) -> None:
+    with receiver() as hooks:
+        deployed = deployment()
+        first = deployed.start_worker("gpu-a", INFERQ_MAX_NUM_SEQS="64", INFERQ_MAX_BATCH_SIZE="32")
+        bodies = [{**body, "webhook_url": hooks.url("/done")} for body in _bodies(500, 48)]
+        ids = deployed.submit(bodies)
+        deployed.wait_done_count(ids, 60)
+        first.kill_group()
+        running_at_kill = sum(1 for j in deployed.jobs(ids) if j.status is JobStatus.RUNNING)
+        deployed.start_worker("gpu-b", INFERQ_MAX_NUM_SEQS="64", INFERQ_MAX_BATCH_SIZE="32")
+        jobs = deployed.wait_all_ended(ids)
+
+        assert running_at_kill > 0
+        assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 500
+        assert all(j.result is not None and j.result.completion_tokens == 48 for j in jobs)
+        # The jobs the dead worker held ran again, and still have one result each ...
+        assert Counter(j.attempts for j in jobs)[2] >= running_at_kill
+        # ... and one webhook each: one outbox row per job, so one webhook-id per job.
+        # Delivery is at least once: a job is sent again only after a failed attempt (under
+        # load the receiver can miss the 2 s timeout), and with the same webhook-id.
+        received = hooks.wait_until(
+            "/done", lambda got: {_job_id(r) for r in got} >= set(ids), timeout_s=120
+        )
+        with deployed.store._sessions() as session:
+            rows = session.execute(
+                select(WebhookDeliveryRow.job_id, WebhookDeliveryRow.id).where(
+                    WebhookDeliveryRow.job_id.in_(ids)
+                )
+            ).all()
+            failed = set(
+                session.scalars(
+                    select(WebhookDeliveryRow.job_id)
+                    .join(WebhookAttemptRow)
+                    .where(WebhookDeliveryRow.job_id.in_(ids), WebhookAttemptRow.error.is_not(None))
+                )
+            )
+        assert Counter(job for job, _ in rows) == Counter(ids)
+        delivery_of = dict(rows)
+        assert all(r.headers["webhook-id"] == delivery_of[_job_id(r)] for r in received)
+        sent_again = {job for job, n in Counter(_job_id(r) for r in received).items() if n > 1}
+        assert sent_again <= failed
+
+
+def test_sigkill_while_jobs_wait_for_admission_loses_nothing(
+    deployment: DeploymentFactory,
+) -> None:
+    deployed = deployment()
+    # Two sequences in the engine, 64 messages held: most held work waits for admission
+    # (its messages taken from Redis, its jobs claimed or waiting to be).
+    first = deployed.start_worker(
+        "gpu-a", INFERQ_MAX_NUM_SEQS="2", INFERQ_MAX_BATCH_SIZE="2", INFERQ_WORKER_CONCURRENCY="64"
+    )
+    ids = deployed.submit(_bodies(150, 64))
+    deployed.wait_done_count(ids, 4)
+    first.kill_group()
+    client = redis.Redis.from_url(deployed.env["INFERQ_REDIS_URL"])
+    taken = client.hlen(deployed.env["INFERQ_REDIS_KEY_PREFIX"] + "unacked")
+    held = [j for j in deployed.jobs(ids) if j.status is JobStatus.RUNNING]
+    deployed.start_worker("gpu-b")
+    jobs = deployed.wait_all_ended(ids)
+
+    # Far more messages were taken than the engine had room for.
+    assert taken > 20
+    assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 150
+    assert all(j.result is not None and j.result.completion_tokens == 64 for j in jobs)
+    by_id = {j.id: j for j in jobs}
+    assert all(by_id[j.id].attempts == 2 for j in held)
+
+
+def test_two_workers_share_a_queue_and_one_takes_over_from_the_other(
+    deployment: DeploymentFactory,
+) -> None:
+    deployed = deployment()
+    first = deployed.start_worker("gpu-a", wait=False)
+    second = deployed.start_worker("gpu-b", wait=False)
+    from tests.helpers.processes import wait_worker_ready
+
+    wait_worker_ready(first)
+    wait_worker_ready(second)
+
+    ids = deployed.submit(_bodies(200, 32))
+    jobs = deployed.wait_all_ended(ids)
+    assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 200
+    assert all(j.attempts == 1 for j in jobs)  # each ran exactly once
+    with deployed.store._sessions() as session:
+        from sqlalchemy import select
+
+        from inferq.db.models import JobRow
+
+        workers = Counter(session.scalars(select(JobRow.worker).where(JobRow.id.in_(ids))))
+    assert set(workers) == {"gpu-a@test", "gpu-b@test"}
+
+    more = deployed.submit(_bodies(300, 48))
+    deployed.wait_done_count(more, 40)
+    second.kill_group()
+    jobs = deployed.wait_all_ended(more)
+    assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 300
+    with deployed.store._sessions() as session:
+        from sqlalchemy import select
+
+        from inferq.db.models import JobRow
+
+        retried = session.scalars(
+            select(JobRow.worker).where(JobRow.id.in_(more), JobRow.attempts > 1)
+        ).all()
+    assert retried
+    assert set(retried) == {"gpu-a@test"}

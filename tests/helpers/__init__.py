@@ -1,0 +1,1 @@
+"""Test support: throwaway databases, service processes, fakes with the real interfaces."""

@@ -1,0 +1,143 @@
+"""A whole inferq deployment of a test's own: API, maintenance worker, beat, and GPU
+workers the test starts, kills and restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from inferq.db.engine import make_engine, make_sessions
+from inferq.db.jobs import JobStore
+from inferq.exceptions import StoreUnavailable
+from inferq.jobs import Job
+from tests.helpers.processes import (
+    INFERQ,
+    ServiceProcess,
+    free_port,
+    log_contains,
+    start_api,
+    start_worker,
+)
+
+
+class Deployment:
+    def __init__(self, *, env: dict[str, str], log_dir: Path, admin_key: str) -> None:
+        self.env = env
+        self.log_dir = log_dir
+        self.admin_key = admin_key
+        self.processes: list[ServiceProcess] = []
+        self._engine = make_engine(env["INFERQ_DATABASE_URL"], pool_size=2)
+        self.store = JobStore(make_sessions(self._engine))
+        self.url = ""
+
+    def start(self) -> Deployment:
+        """API, the GPU-less maintenance worker and beat; GPU workers come separately."""
+        port = free_port()
+        self.processes.append(start_api(env=self.env, port=port, log_dir=self.log_dir))
+        self.url = f"http://127.0.0.1:{port}"
+        service = ServiceProcess(
+            "service",
+            [*INFERQ, "webhooks", "--name", "service@test"],
+            env=self.env,
+            log_dir=self.log_dir,
+        )
+        beat = ServiceProcess("beat", [*INFERQ, "beat"], env=self.env, log_dir=self.log_dir)
+        self.processes += [service, beat]
+        service.wait_until(log_contains(service, " ready."), timeout_s=60, what="consuming")
+        beat.wait_until(log_contains(beat, "beat: Starting"), timeout_s=60, what="scheduling")
+        return self
+
+    def start_worker(self, name: str, *, wait: bool = True, **overrides: str) -> ServiceProcess:
+        worker = start_worker(
+            env={**self.env, **overrides}, log_dir=self.log_dir, name=name, wait=wait
+        )
+        self.processes.append(worker)
+        return worker
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.stop(timeout_s=10)
+        self._engine.dispose()
+
+    def client(self) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.admin_key}"}
+        return httpx.Client(base_url=self.url, timeout=60, headers=headers)
+
+    def submit(self, bodies: Sequence[dict[str, Any]]) -> list[str]:
+        """Submit jobs concurrently, as a careful client does: each with an
+        Idempotency-Key, retried if the connection drops. Returns the ids in order."""
+
+        async def one(client: httpx.AsyncClient, body: dict[str, Any]) -> str:
+            headers = {"Idempotency-Key": uuid.uuid4().hex}
+            for attempt in range(5):
+                try:
+                    response = await client.post("/v1/jobs", json=body, headers=headers)
+                except httpx.TransportError:
+                    await asyncio.sleep(0.2 * (attempt + 1))
+                    continue
+                if response.status_code == 409:  # the first attempt is still being answered
+                    await asyncio.sleep(0.2 * (attempt + 1))
+                    continue
+                assert response.status_code == 202, response.text
+                return str(response.json()["id"])
+            raise AssertionError("submission kept failing")
+
+        async def all_of_them() -> list[str]:
+            headers = {"Authorization": f"Bearer {self.admin_key}"}
+            limits = httpx.Limits(max_connections=32)
+            async with httpx.AsyncClient(
+                base_url=self.url, headers=headers, timeout=60, limits=limits
+            ) as client:
+                return await asyncio.gather(*(one(client, body) for body in bodies))
+
+        return asyncio.run(all_of_them())
+
+    def jobs(self, ids: Sequence[str]) -> list[Job]:
+        """The jobs as Postgres has them, waiting out a database restart."""
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                by_id = {job.id: job for job in self.store.get_jobs(ids)}
+                return [by_id[job_id] for job_id in ids if job_id in by_id]
+            except StoreUnavailable:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def wait_until(
+        self, ids: Sequence[str], predicate: Any, *, timeout_s: float, what: str
+    ) -> list[Job]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            jobs = self.jobs(ids)
+            if predicate(jobs):
+                return jobs
+            if time.monotonic() > deadline:
+                states: dict[str, int] = {}
+                for job in jobs:
+                    states[job.status] = states.get(job.status, 0) + 1
+                logs = "\n".join(f"--- {p.name}\n{p.log_tail(30)}" for p in self.processes)
+                raise AssertionError(f"not {what} after {timeout_s} s: {states}\n{logs}")
+            time.sleep(0.5)
+
+    def wait_all_ended(self, ids: Sequence[str], *, timeout_s: float = 300) -> list[Job]:
+        return self.wait_until(
+            ids,
+            lambda jobs: len(jobs) == len(ids) and all(j.status.is_terminal for j in jobs),
+            timeout_s=timeout_s,
+            what="all ended",
+        )
+
+    def wait_done_count(self, ids: Sequence[str], count: int, *, timeout_s: float = 120) -> None:
+        self.wait_until(
+            ids,
+            lambda jobs: sum(1 for j in jobs if j.status.is_terminal) >= count,
+            timeout_s=timeout_s,
+            what=f"{count} ended",
+        )

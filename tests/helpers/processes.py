@@ -1,0 +1,126 @@
+"""Starting inferq's real entry points as processes, and waiting until they serve."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import httpx
+
+INFERQ = [sys.executable, "-m", "inferq.cli"]
+
+
+class ServiceProcess:
+    """A child process with its output in a log file, shown when a test needs it."""
+
+    def __init__(self, name: str, argv: list[str], *, env: Mapping[str, str], log_dir: Path):
+        self.name = name
+        self.metrics_url = ""
+        self.log_path = log_dir / f"{name}.log"
+        self._log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            argv,
+            env={**os.environ, **env},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, lines: int = 60) -> str:
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def wait_until(self, ready: Callable[[], bool], *, timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited early:\n{self.log_tail()}")
+            if ready():
+                return
+            time.sleep(0.25)
+        raise TimeoutError(f"{self.name} not {what} after {timeout_s} s:\n{self.log_tail()}")
+
+    def signal(self, signum: int) -> None:
+        if self.alive():
+            self.process.send_signal(signum)
+
+    def kill_group(self) -> None:
+        """SIGKILL the process and everything it started (vLLM's engine processes too)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self, timeout_s: float = 30) -> None:
+        if self.alive():
+            self.signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout_s)
+        self.kill_group()
+        self._log.close()
+
+
+def http_ok(url: str) -> Callable[[], bool]:
+    def check() -> bool:
+        try:
+            return httpx.get(url, timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    return check
+
+
+def log_contains(process: ServiceProcess, text: str) -> Callable[[], bool]:
+    return lambda: text in process.log_path.read_text(errors="replace")
+
+
+def start_api(
+    *, env: Mapping[str, str], port: int, log_dir: Path, name: str = "api"
+) -> ServiceProcess:
+    api = ServiceProcess(
+        name, [*INFERQ, "api"], env={**env, "INFERQ_API_PORT": str(port)}, log_dir=log_dir
+    )
+    api.wait_until(http_ok(f"http://127.0.0.1:{port}/healthz"), timeout_s=60, what="serving")
+    return api
+
+
+def start_worker(
+    *, env: Mapping[str, str], log_dir: Path, name: str = "worker", wait: bool = True
+) -> ServiceProcess:
+    env = {"INFERQ_WORKER_METRICS_PORT": str(free_port()), **env}
+    worker = ServiceProcess(
+        name, [*INFERQ, "worker", "--name", f"{name}@test"], env=env, log_dir=log_dir
+    )
+    worker.metrics_url = f"http://127.0.0.1:{env['INFERQ_WORKER_METRICS_PORT']}/metrics"
+    if wait:
+        wait_worker_ready(worker)
+    return worker
+
+
+def wait_worker_ready(worker: ServiceProcess, timeout_s: float = 240) -> None:
+    worker.wait_until(log_contains(worker, " ready."), timeout_s=timeout_s, what="consuming")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def have(program: str) -> bool:
+    return shutil.which(program) is not None

@@ -1,0 +1,25 @@
+"""Greedy generation straight through `vllm.LLM.generate`, to compare inferq against.
+
+Run as a script (vLLM starts its engine with spawn, so this needs a __main__ guard):
+    python -m tests.helpers.reference MODEL_DIR MAX_TOKENS PROMPT...
+prints a JSON list of texts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main() -> None:
+    from vllm import LLM, SamplingParams
+
+    model, max_tokens, *prompts = sys.argv[1:]
+    llm = LLM(model=model, gpu_memory_utilization=0.08, enforce_eager=True, max_num_seqs=16)
+    params = SamplingParams(temperature=0, max_tokens=int(max_tokens))
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    print("REFERENCE " + json.dumps([o.outputs[0].text for o in outputs]), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""The job store on a real Postgres database of the test's own, and the same tests on
+SQLite (the store behind `inferq run`), migrated by the same Alembic migrations."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from inferq.db.engine import make_engine, make_sessions
+from inferq.db.jobs import JobStore
+from inferq.db.migrate import upgrade
+from inferq.exceptions import InvalidState, NotFound, StoreUnavailable
+from inferq.jobs import Choice, JobError, JobOutcome, JobResult, JobSpec, JobStatus, SamplingParams
+from tests.helpers.clock import Clock
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "postgres":
+        return str(request.getfixturevalue("database_url"))
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    upgrade(url)
+    return url
+
+
+@pytest.fixture
+def store(store_url: str, clock: Clock) -> Iterator[JobStore]:
+    engine = make_engine(store_url, pool_size=2)
+    yield JobStore(make_sessions(engine), clock=clock)
+    engine.dispose()
+
+
+def _spec(prompt: str = "hi") -> JobSpec:
+    return JobSpec(
+        model="tiny",
+        prompt=prompt,
+        messages=None,
+        prompt_token_ids=[0, 5, 6],
+        sampling=SamplingParams(max_tokens=8, stop=("x",), seed=3),
+        metadata={"k": "v"},
+    )
+
+
+def _result(text: str = "out") -> JobResult:
+    return JobResult(
+        choices=(Choice(index=0, text=text, finish_reason="stop", completion_tokens=2),),
+        prompt_tokens=3,
+    )
+
+
+def test_created_jobs_read_back_as_written(store: JobStore) -> None:
+    [job] = store.create_jobs([_spec()], tenant="t", queue="interactive", requeue_after_s=60)
+    read = store.get_job(job.id)
+    assert read == job
+    assert read.status is JobStatus.QUEUED
+    assert read.sampling.stop == ("x",)
+    assert read.metadata == {"k": "v"}
+
+
+def test_an_unknown_job_is_not_found(store: JobStore) -> None:
+    with pytest.raises(NotFound):
+        store.get_job("job_nope")
+
+
+def test_claim_returns_token_ids_and_takes_each_job_once(store: JobStore) -> None:
+    jobs = store.create_jobs([_spec(), _spec()], tenant="t", queue="bulk", requeue_after_s=60)
+    ids = [j.id for j in jobs]
+    claimed = store.claim_jobs(ids, worker="w1", lease_s=30)
+    assert [c.id for c in claimed] == ids
+    assert claimed[0].prompt_token_ids == [0, 5, 6]
+    assert store.claim_jobs(ids, worker="w2", lease_s=30) == []
+    assert store.get_job(ids[0]).status is JobStatus.RUNNING
+
+
+def test_a_job_whose_lease_ran_out_can_be_claimed_again(store: JobStore, clock: Clock) -> None:
+    [job] = store.create_jobs([_spec()], tenant="t", queue="interactive", requeue_after_s=60)
+    store.claim_jobs([job.id], worker="dead", lease_s=30)
+    clock.now += timedelta(seconds=31)
+    assert [c.id for c in store.claim_jobs([job.id], worker="alive", lease_s=30)] == [job.id]
+    assert store.renew_leases([job.id], worker="dead", lease_s=30) == {job.id}
+    assert store.renew_leases([job.id], worker="alive", lease_s=30) == set()
+
+
+def test_renewal_takes_back_own_jobs_requeued_during_an_outage(
+    store: JobStore, clock: Clock
+) -> None:
+    [job] = store.create_jobs([_spec()], tenant="t", queue="interactive", requeue_after_s=60)
+    store.claim_jobs([job.id], worker="w", lease_s=30)
+    clock.now += timedelta(seconds=31)
+    assert [d.id for d in store.take_due(requeue_after_s=60, limit=10)] == [job.id]
+    assert store.renew_leases([job.id], worker="w", lease_s=30) == set()
+    assert store.get_job(job.id).status is JobStatus.RUNNING
+    # The duplicate message published meanwhile finds the job held.
+    assert store.claim_jobs([job.id], worker="other", lease_s=30) == []
+
+
+def test_results_are_written_once_and_only_for_active_jobs(store: JobStore) -> None:
+    a, b, c = store.create_jobs(
+        [_spec(), _spec(), _spec()], tenant="t", queue="bulk", requeue_after_s=60
+    )
+    store.claim_jobs([a.id, b.id, c.id], worker="w", lease_s=30)
+    store.cancel_job(c.id)
+    written = store.finish_jobs(
+        [
+            JobOutcome(job_id=a.id, result=_result("first")),
+            JobOutcome(job_id=b.id, error=JobError(code="engine_rejected", message="no")),
+            JobOutcome(job_id=c.id, result=_result("too late")),
+        ]
+    )
+    assert written == [a.id, b.id]
+    # A second run of the same job (a redelivered message) changes nothing.
+    assert store.finish_jobs([JobOutcome(job_id=a.id, result=_result("second"))]) == []
+    done = store.get_job(a.id)
+    assert done.status is JobStatus.SUCCEEDED
+    assert done.result is not None
+    assert done.result.choices[0].text == "first"
+    assert store.get_job(b.id).error == JobError(code="engine_rejected", message="no")
+    assert store.get_job(c.id).status is JobStatus.CANCELLED
+    assert store.get_job(c.id).result is None
+
+
+def test_a_finished_job_cannot_be_claimed_or_cancelled(store: JobStore) -> None:
+    [job] = store.create_jobs([_spec()], tenant="t", queue="interactive", requeue_after_s=60)
+    store.claim_jobs([job.id], worker="w", lease_s=30)
+    store.finish_jobs([JobOutcome(job_id=job.id, result=_result())])
+    assert store.claim_jobs([job.id], worker="w", lease_s=30) == []
+    with pytest.raises(InvalidState, match="already succeeded"):
+        store.cancel_job(job.id)
+
+
+def test_nul_characters_in_generated_text_are_stored_as_replacement(store: JobStore) -> None:
+    [job] = store.create_jobs([_spec()], tenant="t", queue="interactive", requeue_after_s=60)
+    store.claim_jobs([job.id], worker="w", lease_s=30)
+    assert store.finish_jobs([JobOutcome(job_id=job.id, result=_result("a\x00b"))]) == [job.id]
+    result = store.get_job(job.id).result
+    assert result is not None
+    assert result.choices[0].text == "a\ufffdb"
+
+
+def test_listing_pages_newest_first_with_a_status_filter(store: JobStore, clock: Clock) -> None:
+    ids = []
+    for _ in range(5):
+        clock.now += timedelta(seconds=1)
+        ids += [
+            j.id
+            for j in store.create_jobs(
+                [_spec()], tenant="t", queue="interactive", requeue_after_s=60
+            )
+        ]
+    store.cancel_job(ids[1])
+    first = store.list_jobs(limit=2)
+    assert [j.id for j in first.items] == ids[::-1][:2]
+    assert first.has_more
+    rest = store.list_jobs(limit=10, after=first.items[-1].id)
+    assert [j.id for j in rest.items] == ids[::-1][2:]
+    assert not rest.has_more
+    assert [j.id for j in store.list_jobs(status=JobStatus.CANCELLED).items] == [ids[1]]
+
+
+def test_an_unreachable_database_raises_store_unavailable() -> None:
+    engine = make_engine("postgresql+psycopg://postgres@127.0.0.1:1/none", pool_size=1)
+    with pytest.raises(StoreUnavailable):
+        JobStore(make_sessions(engine)).ping()

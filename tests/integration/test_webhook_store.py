@@ -1,0 +1,167 @@
+"""The webhook outbox and delivery store on real Postgres (and SQLite): deliveries are
+written with the results, claimed under a lease, and retried, dead-lettered or disabled
+as the attempts say."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from inferq.db.engine import make_engine, make_sessions
+from inferq.db.jobs import JobStore
+from inferq.db.migrate import upgrade
+from inferq.db.webhooks import WebhookStore
+from inferq.jobs import Choice, JobError, JobOutcome, JobResult, JobSpec, SamplingParams
+from inferq.webhooks import Attempt, DeliveryState, WebhookRequest
+from tests.helpers.clock import Clock
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def stores(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: Clock
+) -> Iterator[tuple[JobStore, WebhookStore, list[int]]]:
+    if request.param == "postgres":
+        url = str(request.getfixturevalue("database_url"))
+    else:
+        url = f"sqlite:///{tmp_path / 'store.db'}"
+        upgrade(url)
+    engine = make_engine(url, pool_size=2)
+    sessions = make_sessions(engine)
+    wakes: list[int] = []
+    yield (
+        JobStore(sessions, clock=clock, on_webhooks=lambda: wakes.append(1)),
+        WebhookStore(sessions, clock=clock),
+        wakes,
+    )
+    engine.dispose()
+
+
+def _spec() -> JobSpec:
+    return JobSpec(
+        model="tiny",
+        prompt="hi",
+        messages=None,
+        prompt_token_ids=[0, 5, 6],
+        sampling=SamplingParams(max_tokens=8),
+    )
+
+
+def _result() -> JobResult:
+    return JobResult(
+        choices=(Choice(index=0, text="out", finish_reason="stop", completion_tokens=2),),
+        prompt_tokens=3,
+    )
+
+
+def _attempt(number: int, status: int | None, clock: Clock) -> Attempt:
+    return Attempt(
+        number=number, started_at=clock.now, status_code=status, latency_ms=5, error=None
+    )
+
+
+Stores = tuple[JobStore, WebhookStore, list[int]]
+
+
+def test_deliveries_are_written_with_results_for_the_events_asked(stores: Stores) -> None:
+    jobs, hooks, wakes = stores
+    url = "https://hooks.example.com/a"
+    a, b = jobs.create_jobs(
+        [_spec(), _spec()],
+        tenant="t",
+        queue="interactive",
+        requeue_after_s=60,
+        webhook=WebhookRequest(url),
+    )
+    [only_failures] = jobs.create_jobs(
+        [_spec()],
+        tenant="t",
+        queue="interactive",
+        requeue_after_s=60,
+        webhook=WebhookRequest(url, ["job.failed"]),
+    )
+    [plain] = jobs.create_jobs([_spec()], tenant="t", queue="interactive", requeue_after_s=60)
+    jobs.cancel_job(b.id)
+    written = jobs.finish_jobs(
+        [
+            JobOutcome(job_id=a.id, result=_result()),
+            JobOutcome(job_id=b.id, result=_result()),  # already cancelled: not written
+            JobOutcome(job_id=only_failures.id, result=_result()),
+            JobOutcome(job_id=plain.id, error=JobError(code="x", message="y")),
+        ]
+    )
+    assert written == [a.id, only_failures.id, plain.id]
+    deliveries, _ = hooks.page(scope="t")
+    assert sorted((d.job_id, d.event) for d in deliveries) == sorted(
+        [(a.id, "job.succeeded"), (b.id, "job.cancelled")]
+    )
+    assert all(d.state is DeliveryState.PENDING and d.url == url for d in deliveries)
+    assert len(wakes) == 2  # after the cancel's commit, and after the results'
+    [endpoint] = hooks.endpoints(scope="t")
+    assert endpoint.secret.startswith("whsec_")
+    assert hooks.endpoints(scope="someone-else") == []
+
+
+def test_a_claim_leases_each_due_delivery_to_one_sender(stores: Stores, clock: Clock) -> None:
+    jobs, hooks, _ = stores
+    [job] = jobs.create_jobs(
+        [_spec()],
+        tenant="t",
+        queue="interactive",
+        requeue_after_s=60,
+        webhook=WebhookRequest("https://hooks.example.com/b"),
+    )
+    jobs.finish_jobs([JobOutcome(job_id=job.id, result=_result())])
+    [(delivery, endpoint)] = hooks.claim_due(limit=10, lease_s=30)
+    assert delivery.attempts == 1
+    assert endpoint.url == "https://hooks.example.com/b"
+    assert hooks.claim_due(limit=10, lease_s=30) == []
+    # The sender died: the lease lapses, the lost attempt is recorded, it goes again.
+    clock.now += timedelta(seconds=31)
+    [(again, _)] = hooks.claim_due(limit=10, lease_s=30)
+    assert again.attempts == 2
+    assert hooks.record(again, _attempt(2, 500, clock), retry_in_s=5) is DeliveryState.PENDING
+    assert hooks.claim_due(limit=10, lease_s=30) == []
+    clock.now += timedelta(seconds=6)
+    [(third, _)] = hooks.claim_due(limit=10, lease_s=30)
+    assert hooks.record(third, _attempt(3, 200, clock), retry_in_s=5) is DeliveryState.SUCCEEDED
+    done = hooks.get(third.id, scope="t")
+    assert [a.status_code for a in done.history] == [None, 500, 200]
+    assert "stopped before this attempt ended" in (done.history[0].error or "")
+
+
+def test_the_last_failure_dead_letters_and_410_disables_the_endpoint(
+    stores: Stores, clock: Clock
+) -> None:
+    jobs, hooks, _ = stores
+    webhook = WebhookRequest("https://hooks.example.com/c")
+    a, b, c = jobs.create_jobs(
+        [_spec()] * 3, tenant="t", queue="interactive", requeue_after_s=60, webhook=webhook
+    )
+    jobs.finish_jobs([JobOutcome(job_id=j.id, result=_result()) for j in (a, b)])
+    first, second = (d for d, _ in hooks.claim_due(limit=10, lease_s=30))
+    assert hooks.record(first, _attempt(1, 503, clock), retry_in_s=None) is DeliveryState.DEAD
+    gone = hooks.record(second, _attempt(1, 410, clock), retry_in_s=None, disable_endpoint="410")
+    assert gone is DeliveryState.DISABLED
+    [endpoint] = hooks.endpoints(scope="t")
+    assert endpoint.disabled_reason == "410"
+    # Later events for a disabled endpoint are not sent.
+    jobs.finish_jobs([JobOutcome(job_id=c.id, result=_result())])
+    assert hooks.claim_due(limit=10, lease_s=30) == []
+    [latest, *_] = hooks.page(scope="t")[0]
+    assert (latest.job_id, latest.state) == (c.id, DeliveryState.DISABLED)
+    # Replay: refused while disabled, then sent again under the same id.
+    with pytest.raises(Exception, match="enable it first"):
+        hooks.replay(second.id, scope="t")
+    hooks.set_enabled(endpoint.id, scope="t", reason=None)
+    replayed = hooks.replay(second.id, scope="t")
+    assert replayed.state is DeliveryState.PENDING
+    [(claimed, _)] = hooks.claim_due(limit=10, lease_s=30)
+    assert claimed.id == second.id

@@ -1,0 +1,75 @@
+import threading
+import time
+
+from inferq.jobs import SamplingParams
+from worker.admission import AdmissionQueue
+from worker.engine import EngineRequest
+
+
+def _requests(*ids: str) -> list[EngineRequest]:
+    return [
+        EngineRequest(job_id=i, prompt_token_ids=[1], sampling=SamplingParams(max_tokens=1))
+        for i in ids
+    ]
+
+
+def _ids(requests: list[EngineRequest]) -> list[str]:
+    return [r.job_id for r in requests]
+
+
+def test_interactive_requests_are_admitted_before_bulk_ones() -> None:
+    queue = AdmissionQueue(max_batch_size=8, max_batch_delay_ms=0)
+    queue.put(_requests("b1", "b2"), interactive=False)
+    queue.put(_requests("i1"), interactive=True)
+    assert _ids(queue.take(2, idle=False, timeout_s=0)) == ["i1", "b1"]
+    assert _ids(queue.take(2, idle=False, timeout_s=0)) == ["b2"]
+
+
+def test_a_take_is_bounded_by_room_and_by_max_batch_size() -> None:
+    queue = AdmissionQueue(max_batch_size=3, max_batch_delay_ms=0)
+    queue.put(_requests(*"abcdefg"), interactive=True)
+    assert len(queue.take(10, idle=False, timeout_s=0)) == 3
+    assert len(queue.take(2, idle=False, timeout_s=0)) == 2
+    assert queue.take(0, idle=False, timeout_s=0) == []
+    assert len(queue) == 2
+
+
+def test_an_idle_engine_waits_up_to_the_delay_for_a_micro_batch() -> None:
+    queue = AdmissionQueue(max_batch_size=4, max_batch_delay_ms=300)
+    queue.put(_requests("a"), interactive=True)
+
+    def more() -> None:
+        time.sleep(0.05)
+        queue.put(_requests("b", "c", "d"), interactive=True)
+
+    threading.Thread(target=more).start()
+    started = time.monotonic()
+    taken = queue.take(10, idle=True, timeout_s=1)
+    assert _ids(taken) == ["a", "b", "c", "d"]
+    # A full batch goes at once instead of waiting out the delay.
+    assert time.monotonic() - started < 0.25
+
+
+def test_an_idle_engine_takes_a_partial_batch_when_the_delay_runs_out() -> None:
+    queue = AdmissionQueue(max_batch_size=4, max_batch_delay_ms=50)
+    queue.put(_requests("a"), interactive=True)
+    started = time.monotonic()
+    assert _ids(queue.take(10, idle=True, timeout_s=1)) == ["a"]
+    assert 0.04 <= time.monotonic() - started < 0.5
+
+
+def test_a_busy_engine_never_waits() -> None:
+    queue = AdmissionQueue(max_batch_size=4, max_batch_delay_ms=10_000)
+    queue.put(_requests("a"), interactive=True)
+    started = time.monotonic()
+    assert _ids(queue.take(10, idle=False, timeout_s=5)) == ["a"]
+    assert queue.take(10, idle=False, timeout_s=5) == []
+    assert time.monotonic() - started < 0.1
+
+
+def test_remove_takes_out_pending_requests() -> None:
+    queue = AdmissionQueue(max_batch_size=8, max_batch_delay_ms=0)
+    queue.put(_requests("a", "b"), interactive=True)
+    queue.put(_requests("c"), interactive=False)
+    assert _ids(queue.remove({"b", "c", "zzz"})) == ["b", "c"]
+    assert _ids(queue.drain()) == ["a"]

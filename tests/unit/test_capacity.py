@@ -1,0 +1,63 @@
+import threading
+import time
+
+from worker.capacity import CapacityGate
+
+
+def _acquire_later(
+    gate: CapacityGate, count: int, *, interactive: bool, order: list[str], name: str
+) -> threading.Thread:
+    def run() -> None:
+        if gate.acquire(count, interactive=interactive):
+            order.append(name)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_room_is_shared_and_given_back() -> None:
+    gate = CapacityGate(4)
+    assert gate.acquire(3, interactive=False)
+    order: list[str] = []
+    waiter = _acquire_later(gate, 2, interactive=False, order=order, name="bulk")
+    time.sleep(0.05)
+    assert order == []
+    gate.release(1)
+    waiter.join(2)
+    assert order == ["bulk"]
+    assert gate.used == 4
+
+
+def test_interactive_work_goes_before_waiting_bulk_work() -> None:
+    gate = CapacityGate(2)
+    assert gate.acquire(2, interactive=False)
+    order: list[str] = []
+    bulk = _acquire_later(gate, 1, interactive=False, order=order, name="bulk")
+    time.sleep(0.05)
+    interactive = _acquire_later(gate, 1, interactive=True, order=order, name="interactive")
+    time.sleep(0.05)
+    gate.release(1)
+    interactive.join(2)
+    gate.release(1)
+    bulk.join(2)
+    assert order == ["interactive", "bulk"]
+
+
+def test_a_request_larger_than_the_gate_gets_in_when_it_is_empty() -> None:
+    gate = CapacityGate(4)
+    assert gate.acquire(16, interactive=False)
+    gate.release(16)
+    assert gate.used == 0
+
+
+def test_closing_turns_waiters_away() -> None:
+    gate = CapacityGate(1)
+    assert gate.acquire(1, interactive=False)
+    order: list[str] = []
+    waiter = _acquire_later(gate, 1, interactive=False, order=order, name="late")
+    time.sleep(0.05)
+    gate.close()
+    waiter.join(2)
+    assert order == []
+    assert not gate.acquire(1, interactive=True)

@@ -1,0 +1,43 @@
+"""Settings: the INFERQ_ prefix, and refusing unsafe values outside development."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from inferq.settings import Settings
+
+STRONG = "3f5b2c0e9a7d4e1f8b6c2a9d0e7f4b1c"
+
+
+def test_settings_come_from_inferq_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERQ_MAX_NUM_SEQS", "32")
+    monkeypatch.setenv("INFERQ_ENGINE_EXTRA_ARGS", '{"swap_space": 4}')
+    settings = Settings()
+    assert settings.max_num_seqs == 32
+    assert settings.engine_extra_args == {"swap_space": 4}
+    assert settings.effective_worker_concurrency == 32 + 64
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"auth_enabled": False}, "allowed only with INFERQ_ENVIRONMENT=development"),
+        ({"bootstrap_admin_key": "changeme-changeme-changeme-changeme"}, "placeholder"),
+        ({"bootstrap_admin_key": "short-but-random-91"}, "shorter than 32"),
+        ({"bootstrap_admin_key": "a" * 40}, "placeholder"),
+        ({"flower_basic_auth": "admin:password123456"}, "real password"),
+        ({"flower_basic_auth": "admin:x"}, "real password"),
+        ({"flower_basic_auth": ":" + STRONG}, "user:password"),
+    ],
+)
+def test_unsafe_values_are_refused_in_production(values: dict[str, object], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        Settings(**values)  # type: ignore[arg-type]
+
+
+def test_development_allows_them_and_production_takes_real_secrets() -> None:
+    assert not Settings(environment="development", auth_enabled=False).auth_enabled
+    settings = Settings(bootstrap_admin_key=STRONG, flower_basic_auth=f"ops:{STRONG}")
+    assert settings.bootstrap_admin_key is not None
+    assert STRONG not in repr(settings)

@@ -1,0 +1,61 @@
+"""How many jobs a worker holds at once.
+
+A task waits here before claiming its jobs, so a worker only claims what its engine will
+soon run: a job waiting behind the gate stays `queued` in Postgres (truthfully), where
+cancelling it is free and another worker could still have it. Interactive tasks go first.
+"""
+
+from __future__ import annotations
+
+import threading
+
+
+class CapacityGate:
+    """A counting gate over held jobs, served interactive-first."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._used = 0
+        self._interactive_waiting = 0
+        self._closed = False
+        self._changed = threading.Condition()
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+    def acquire(self, count: int, *, interactive: bool) -> bool:
+        """Wait for room for `count` jobs; False if the gate closed (shutdown) meanwhile.
+
+        A request larger than the whole gate gets in when the worker holds nothing.
+        """
+        with self._changed:
+            if interactive:
+                self._interactive_waiting += 1
+            try:
+                while not self._closed and not self._fits(count, interactive=interactive):
+                    self._changed.wait()
+                if self._closed:
+                    return False
+                self._used += count
+                return True
+            finally:
+                if interactive:
+                    self._interactive_waiting -= 1
+                    self._changed.notify_all()
+
+    def release(self, count: int) -> None:
+        with self._changed:
+            self._used = max(0, self._used - count)
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        """Turn every waiter away (at shutdown)."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def _fits(self, count: int, *, interactive: bool) -> bool:
+        if not interactive and self._interactive_waiting:
+            return False
+        return self._used + count <= self._limit or self._used == 0

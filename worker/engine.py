@@ -1,0 +1,62 @@
+"""What the engine loop needs from an inference engine, and how one is built."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from inferq.jobs import JobResult, SamplingParams
+from inferq.settings import Settings
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineRequest:
+    """One job as the engine sees it."""
+
+    job_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finished:
+    """A request the engine has finished."""
+
+    job_id: str
+    result: JobResult
+
+
+class Engine(Protocol):
+    """An engine that takes requests one at a time and advances them all one step at a time.
+
+    Every method is called from the engine loop's thread only.
+    """
+
+    def add(self, request: EngineRequest) -> None:
+        """Start a request; raise `RequestRejected` if the engine refuses this one."""
+
+    def step(self) -> list[Finished]:
+        """Run one step; return what finished. Raise `EngineError` if the engine died."""
+
+    def abort(self, job_ids: Sequence[str]) -> None:
+        """Drop requests; they produce nothing."""
+
+    def close(self) -> None:
+        """Release the engine (and its GPU memory)."""
+
+    def kv_cache_usage(self) -> float | None:
+        """Fraction of the KV cache in use, if the engine knows."""
+
+
+def build_engine(settings: Settings) -> Engine:
+    """Build the configured engine. This is where the model is loaded: slow, done once."""
+    if settings.engine == "instant":
+        from worker.instant_engine import InstantEngine
+
+        return InstantEngine()
+    from worker.vllm_engine import VllmEngine
+
+    return VllmEngine.from_settings(settings)

@@ -1,0 +1,265 @@
+"""The engine loop: one thread that owns the engine, admits work and steps it.
+
+Continuous admission: after every engine step, pending requests fill the room that
+finished sequences left, up to `max_num_seqs` in flight. The loop never waits for a
+whole batch to finish, which is what keeps the engine full (see DESIGN.md).
+
+If the engine dies, the loop builds a new one and admits the in-flight requests again.
+Nobody can tell which request killed it, so each one present counts a death. A request
+at its last-but-one death goes on probation: it runs alone, so that a further death
+implicates it and no other. A request present at `max_engine_deaths` deaths is failed as
+poison; its innocent neighbours pass their solo run and finish.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from inferq.exceptions import EngineError, RequestRejected
+from inferq.jobs import JobError, JobOutcome
+from worker.admission import AdmissionQueue
+from worker.engine import Engine, EngineRequest
+from worker.metrics import WorkerMetrics
+
+log = logging.getLogger(__name__)
+
+IDLE_POLL_S = 0.05
+STATS_EVERY_S = 2.0
+
+
+@dataclass
+class _InFlight:
+    request: EngineRequest
+    admitted_at: datetime
+
+
+class EngineLoop:
+    """Runs the engine in its own thread; every engine call happens there."""
+
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        engine_factory: Callable[[], Engine],
+        admission: AdmissionQueue,
+        on_outcome: Callable[[JobOutcome], None],
+        on_fatal: Callable[[BaseException], None],
+        metrics: WorkerMetrics,
+        max_num_seqs: int,
+        max_engine_deaths: int = 3,
+    ) -> None:
+        self._engine = engine
+        self._engine_factory = engine_factory
+        self._admission = admission
+        self._on_outcome = on_outcome
+        self._on_fatal = on_fatal
+        self._max_num_seqs = max_num_seqs
+        self._max_engine_deaths = max_engine_deaths
+        self._metrics = metrics
+        self._stats_at = 0.0
+        # Kept by the loop thread, read by scrapes: a plain int is safe to read anywhere.
+        self._sequences = 0
+        metrics.sequences_in_flight.set_function(lambda: self._sequences)
+        self._in_flight: dict[str, _InFlight] = {}
+        self._deaths: dict[str, int] = {}
+        self._probation: deque[EngineRequest] = deque()
+        self._solo: str | None = None
+        self._aborts: set[str] = set()
+        self._aborts_lock = threading.Lock()
+        self._admitting = threading.Event()
+        self._admitting.set()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self.engine_restarts = 0
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def sequences(self) -> int:
+        """Sequences in the engine: a request with `n` completions counts `n`."""
+        return self._sequences
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def abort(self, job_ids: Collection[str]) -> None:
+        """Drop these jobs, pending or running (from any thread)."""
+        with self._aborts_lock:
+            self._aborts.update(job_ids)
+        self._admission.wake()
+
+    def stop_admitting(self) -> None:
+        """Finish what is in flight, take nothing new."""
+        self._admitting.clear()
+        self._admission.wake()
+
+    def stop(self, timeout_s: float = 30) -> None:
+        self._stopping.set()
+        self._admission.wake()
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                self._apply_aborts()
+                self._admit_pending()
+                if self._in_flight:
+                    self._step()
+                elif not self._admitting.is_set():
+                    self._stopping.wait(IDLE_POLL_S)
+                self._sample_stats()
+        except BaseException as exc:  # the loop must never die silently
+            log.exception("the engine loop failed")
+            self._on_fatal(exc)
+
+    def _admit_pending(self) -> None:
+        if not self._admitting.is_set() or self._solo is not None:
+            return
+        if self._probation:
+            # A probationer waits for the engine to empty, then runs alone.
+            if not self._in_flight:
+                request = self._probation.popleft()
+                self._solo = request.job_id
+                self._admit(request)
+            return
+        room = self._max_num_seqs - len(self._in_flight)
+        batch = self._admission.take(room, idle=not self._in_flight, timeout_s=IDLE_POLL_S)
+        for request in batch:
+            self._admit(request)
+        if batch:
+            self._metrics.admission_batch_size.observe(len(batch))
+
+    def _admit(self, request: EngineRequest) -> None:
+        try:
+            self._engine.add(request)
+        except RequestRejected as exc:
+            self._fail(request.job_id, JobError(code="engine_rejected", message=exc.message))
+            return
+        except EngineError as exc:
+            # Dead before the request went in: keep it, and recover on the next step.
+            log.warning("engine died while admitting %s: %s", request.job_id, exc)
+        now = datetime.now(UTC)
+        self._in_flight[request.job_id] = _InFlight(request, now)
+        self._sequences += request.sampling.n
+        self._metrics.jobs_admitted.inc()
+        if request.created_at is not None and request.job_id not in self._deaths:
+            self._metrics.queue_wait.observe((now - request.created_at).total_seconds())
+
+    def _step(self) -> None:
+        try:
+            finished = self._engine.step()
+        except EngineError as exc:
+            self._recover(exc)
+            return
+        for item in finished:
+            entry = self._drop(item.job_id)
+            if entry is None:  # aborted while it ran
+                continue
+            self._forget(item.job_id)
+            result = item.result
+            reason = (result.choices[0].finish_reason if result.choices else None) or "unknown"
+            self._metrics.jobs_finished.labels("succeeded", reason).inc()
+            self._metrics.prompt_tokens.inc(result.prompt_tokens)
+            self._metrics.generation_tokens.inc(result.completion_tokens)
+            self._on_outcome(
+                JobOutcome(job_id=item.job_id, result=result, started_at=entry.admitted_at)
+            )
+
+    def _apply_aborts(self) -> None:
+        with self._aborts_lock:
+            if not self._aborts:
+                return
+            aborts, self._aborts = self._aborts, set()
+        self._admission.remove(aborts)
+        self._probation = deque(r for r in self._probation if r.job_id not in aborts)
+        for job_id in aborts:
+            self._forget(job_id)
+        running = [job_id for job_id in aborts if job_id in self._in_flight]
+        for job_id in running:
+            self._drop(job_id)
+            self._metrics.jobs_finished.labels("aborted", "cancelled").inc()
+        if running:
+            try:
+                self._engine.abort(running)
+            except EngineError as exc:
+                log.warning("engine died during an abort: %s", exc)
+
+    def _drop(self, job_id: str) -> _InFlight | None:
+        entry = self._in_flight.pop(job_id, None)
+        if entry is not None:
+            self._sequences -= entry.request.sampling.n
+        return entry
+
+    def _forget(self, job_id: str) -> None:
+        self._deaths.pop(job_id, None)
+        if self._solo == job_id:
+            self._solo = None
+
+    def _fail(self, job_id: str, error: JobError) -> None:
+        log.warning("job %s failed: %s", job_id, error.message, extra={"job_id": job_id})
+        entry = self._drop(job_id)
+        self._forget(job_id)
+        self._metrics.jobs_finished.labels("failed", error.code).inc()
+        self._on_outcome(
+            JobOutcome(job_id=job_id, error=error, started_at=entry.admitted_at if entry else None)
+        )
+
+    def _recover(self, exc: EngineError) -> None:
+        """Replace a dead engine and re-admit its requests, failing repeat offenders."""
+        self.engine_restarts += 1
+        self._metrics.engine_restarts.inc()
+        log.error(
+            "the engine died with %d requests in flight (%s); restarting it",
+            len(self._in_flight),
+            exc,
+        )
+        survivors: list[EngineRequest] = []
+        self._solo = None
+        for job_id, entry in list(self._in_flight.items()):
+            deaths = self._deaths.get(job_id, 0) + 1
+            self._deaths[job_id] = deaths
+            if deaths == self._max_engine_deaths - 1:
+                self._probation.append(entry.request)
+            elif deaths >= self._max_engine_deaths:
+                self._fail(
+                    job_id,
+                    JobError(
+                        code="engine_crash",
+                        message=(
+                            f"the engine died {deaths} times while this request was in "
+                            "flight; it was failed as poison so that other requests can run"
+                        ),
+                    ),
+                )
+            else:
+                survivors.append(entry.request)
+        self._in_flight.clear()
+        self._sequences = 0
+        try:
+            self._engine.close()
+        except Exception:  # a dead engine may fail to close; it is replaced either way
+            log.debug("closing the dead engine failed", exc_info=True)
+        self._engine = self._engine_factory()
+        for request in survivors:
+            self._admit(request)
+
+    def _sample_stats(self) -> None:
+        now = time.monotonic()
+        if now - self._stats_at < STATS_EVERY_S:
+            return
+        self._stats_at = now
+        try:
+            usage = self._engine.kv_cache_usage()
+        except Exception:  # stats are best effort; a dying engine is handled by step()
+            log.debug("could not read engine stats", exc_info=True)
+            return
+        if usage is not None:
+            self._metrics.kv_cache_usage.set(usage)

@@ -1,0 +1,142 @@
+"""`inferq worker`: build the engine once, then consume the GPU queues with Celery."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+
+from celery.signals import worker_shutting_down
+from prometheus_client import start_http_server
+from redis import Redis
+from sqlalchemy.orm import Session, sessionmaker
+
+from inferq.celery_app import JobPublisher, make_celery
+from inferq.constants import GPU_QUEUES
+from inferq.db.batches import BatchStore
+from inferq.db.engine import make_engine, make_sessions
+from inferq.db.jobs import JobStore
+from inferq.db.migrate import check_schema
+from inferq.events import JobEvents
+from inferq.exceptions import InferqError
+from inferq.settings import Settings
+from inferq.workers import WorkerRegistry
+from worker.cancellations import CancelListener
+from worker.engine import build_engine
+from worker.heartbeat import Heartbeat
+from worker.metrics import WorkerMetrics, gpu_names, register_gpu_collector
+from worker.runtime import GpuRuntime
+from worker.tasks import register_gpu_tasks
+
+log = logging.getLogger(__name__)
+
+EXIT_ENGINE_LOST = 70
+
+
+def default_worker_name() -> str:
+    return f"gpu-{os.getpid()}@{socket.gethostname()}"
+
+
+def _die(exc: BaseException) -> None:
+    # The engine cannot be brought back: leave without acknowledging anything, so every
+    # held job returns to the queue (leases) and the supervisor starts a fresh process.
+    log.critical("the GPU worker cannot go on: %s", exc)
+    logging.shutdown()
+    os._exit(EXIT_ENGINE_LOST)
+
+
+def _serve_metrics(port: int) -> None:
+    try:
+        start_http_server(port)
+    except OSError as exc:
+        raise InferqError(
+            f"cannot serve metrics on port {port} ({exc.strerror}): give each worker on a host "
+            "its own INFERQ_WORKER_METRICS_PORT, or 0 to turn metrics off"
+        ) from exc
+    register_gpu_collector()
+    log.info("metrics on :%d/metrics", port)
+
+
+def _batch_finisher(
+    settings: Settings, *, store_sessions: sessionmaker[Session]
+) -> Callable[[set[str]], None]:
+    """After a batch's lines are written: if none is left, ask for its output files."""
+    batches = BatchStore(store_sessions)
+    publisher = JobPublisher(make_celery(settings), bulk_chunk_size=settings.bulk_chunk_size)
+
+    def finish(batch_ids: set[str]) -> None:
+        for batch_id in batches.finished(sorted(batch_ids)):
+            publisher.publish_finalize(batch_id)
+
+    return finish
+
+
+def run_worker(settings: Settings, *, name: str | None = None) -> None:
+    """Run a GPU worker until it is told to stop (SIGTERM or SIGINT)."""
+    check_schema(settings.database_url)
+    metrics = WorkerMetrics()
+    if settings.worker_metrics_port:
+        # First, so a port clash fails in a second, not after the model has loaded.
+        _serve_metrics(settings.worker_metrics_port)
+    worker_name = name or default_worker_name()
+    sessions = make_sessions(make_engine(settings.database_url, pool_size=4))
+    wake = JobPublisher(make_celery(settings), bulk_chunk_size=settings.bulk_chunk_size)
+    store = JobStore(sessions, on_webhooks=wake.publish_webhooks)
+    redis = Redis.from_url(settings.redis_url)
+    engine = build_engine(settings)
+    runtime = GpuRuntime.from_settings(
+        settings,
+        store=store,
+        engine=engine,
+        events=JobEvents(redis, key_prefix=settings.redis_key_prefix),
+        worker_name=worker_name,
+        on_fatal=_die,
+        metrics=metrics,
+        on_batch_lines_done=_batch_finisher(settings, store_sessions=sessions),
+    )
+    cancels = CancelListener(redis, key_prefix=settings.redis_key_prefix, runtime=runtime)
+    app = make_celery(settings)
+    # SIGINT/SIGQUIT (cold shutdown) wait as long as the drain does before cancelling.
+    app.conf.worker_soft_shutdown_timeout = settings.drain_timeout_s
+    register_gpu_tasks(app, runtime)
+
+    def drain_on_shutdown(**_: object) -> None:
+        # Celery stops consuming and waits for running tasks; the drain makes them end.
+        threading.Thread(
+            target=runtime.drain, args=(settings.drain_timeout_s,), name="drain", daemon=True
+        ).start()
+
+    worker_shutting_down.connect(drain_on_shutdown, weak=False)
+    runtime.start()
+    cancels.start()
+    heartbeat = Heartbeat(
+        WorkerRegistry(redis, key_prefix=settings.redis_key_prefix),
+        runtime=runtime,
+        model=settings.model_name,
+        gpus=gpu_names(),
+    )
+    heartbeat.start()
+    metrics.ready.set(1)
+    log.info("GPU worker %s ready: consuming %s", worker_name, ",".join(GPU_QUEUES))
+    try:
+        app.worker_main(
+            [
+                "worker",
+                "--pool=threads",
+                f"--concurrency={settings.effective_worker_concurrency}",
+                f"--queues={','.join(GPU_QUEUES)}",
+                f"--hostname={worker_name}",
+                f"--loglevel={settings.log_level}",
+                "--without-mingle",
+                "--without-gossip",
+            ]
+        )
+    finally:
+        heartbeat.stop()
+        cancels.stop()
+        runtime.stop()
+        engine_close = getattr(engine, "close", None)
+        if engine_close is not None:
+            engine_close()

@@ -1,0 +1,26 @@
+"""Celery tasks of the GPU worker, bound to the runtime built at start-up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from celery.exceptions import Reject
+
+from inferq.constants import INTERACTIVE_QUEUE, RUN_JOBS_TASK
+from inferq.exceptions import JobsReturned
+from worker.runtime import GpuRuntime
+
+
+def register_gpu_tasks(app: Celery, runtime: GpuRuntime) -> None:
+    """Register `run_jobs` on `app`, running on `runtime`."""
+
+    @app.task(name=RUN_JOBS_TASK, bind=True)  # type: ignore[untyped-decorator]
+    def run_jobs(self: Any, job_ids: list[str]) -> None:
+        """Run the jobs a message carries; return once their outcomes are committed."""
+        queue = (self.request.delivery_info or {}).get("routing_key")
+        try:
+            runtime.run(job_ids, interactive=queue == INTERACTIVE_QUEUE)
+        except JobsReturned as exc:
+            # Not acknowledged: the message goes back to Redis for another worker.
+            raise Reject(exc.message, requeue=True) from exc

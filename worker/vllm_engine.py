@@ -1,0 +1,229 @@
+"""The vLLM engine adapter: the only module that imports vLLM.
+
+It drives the engine inside vLLM's offline `LLM` one step at a time (`add_request`,
+`step`), which is what lets the loop admit new work whenever a sequence finishes.
+
+vLLM's synchronous client notices a dead engine core but leaves a pending `step()`
+waiting forever (its output thread shuts down without waking the reader; seen with
+vllm 0.32), and nothing notices a core that hangs. A watchdog thread covers both: it
+wakes the reader with `EngineDeadError`, killing the core first if a step overran.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from vllm import LLM
+from vllm import SamplingParams as VllmSamplingParams
+from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.exceptions import EngineDeadError
+
+from inferq.exceptions import EngineError, RequestRejected
+from inferq.jobs import Choice, JobResult, SamplingParams, TokenLogprob
+from inferq.settings import Settings
+from worker.engine import EngineRequest, Finished
+
+log = logging.getLogger(__name__)
+
+
+def engine_args(settings: Settings) -> dict[str, Any]:
+    """The keyword arguments for `vllm.LLM`, from settings."""
+    args: dict[str, Any] = {
+        "model": settings.model,
+        "tokenizer": settings.tokenizer_name,
+        "served_model_name": settings.model_name,
+        "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "max_num_seqs": settings.max_num_seqs,
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        "dtype": settings.dtype,
+        "enable_prefix_caching": settings.enable_prefix_caching,
+        "enforce_eager": settings.enforce_eager,
+        "seed": settings.engine_seed,
+        # Engine stats feed the KV-cache metric and a throughput line in the log.
+        "disable_log_stats": False,
+    }
+    optional = {
+        "max_model_len": settings.max_model_len,
+        "max_num_batched_tokens": settings.max_num_batched_tokens,
+        "quantization": settings.quantization,
+    }
+    args.update({k: v for k, v in optional.items() if v is not None})
+    args.update(settings.engine_extra_args)
+    return args
+
+
+WATCH_INTERVAL_S = 0.5
+
+
+class VllmEngine:
+    """vLLM's engine behind the `Engine` interface."""
+
+    def __init__(
+        self, llm: LLM, *, step_timeout_s: float, fault_kill_engine_seed: int | None = None
+    ) -> None:
+        self._llm = llm
+        self._engine = llm.llm_engine
+        self._step_timeout_s = step_timeout_s
+        self._fault_seed = fault_kill_engine_seed
+        self._step_started: float | None = None
+        self._closed = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, name="engine-watchdog", daemon=True)
+        self._watchdog.start()
+        # vLLM returns the sampled token's logprob beside the top k, so k is kept to tell
+        # the alternatives from the sampled token.
+        self._top_k_logprobs: dict[str, int] = {}
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> VllmEngine:
+        args = engine_args(settings)
+        log.info("loading %s into vLLM", settings.model, extra={"engine_args": args})
+        return cls(
+            LLM(**args),
+            step_timeout_s=settings.engine_step_timeout_s,
+            fault_kill_engine_seed=settings.fault_kill_engine_seed,
+        )
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self._engine.model_config.max_model_len)
+
+    def add(self, request: EngineRequest) -> None:
+        try:
+            self._engine.add_request(
+                request.job_id,
+                {"prompt_token_ids": request.prompt_token_ids},
+                _sampling_params(request.sampling),
+            )
+        except EngineDeadError as exc:
+            raise EngineError(str(exc)) from exc
+        except (ValueError, TypeError) as exc:  # vLLM's way of refusing one request
+            raise RequestRejected(f"the engine refused the request: {exc}") from exc
+        if request.sampling.logprobs is not None:
+            self._top_k_logprobs[request.job_id] = request.sampling.logprobs
+        if self._fault_seed is not None and request.sampling.seed == self._fault_seed:
+            log.warning("fault hook: request %s kills the engine core", request.job_id)
+            self._kill_core()
+
+    def step(self) -> list[Finished]:
+        self._step_started = time.monotonic()
+        try:
+            outputs = self._engine.step()
+        except EngineDeadError as exc:
+            raise EngineError(f"vLLM's engine died: {exc}") from exc
+        finally:
+            self._step_started = None
+        return [
+            _finished(o, self._top_k_logprobs.pop(o.request_id, 0))
+            for o in outputs
+            if isinstance(o, RequestOutput) and o.finished
+        ]
+
+    def abort(self, job_ids: Sequence[str]) -> None:
+        for job_id in job_ids:
+            self._top_k_logprobs.pop(job_id, None)
+        try:
+            self._engine.abort_request(list(job_ids))
+        except EngineDeadError as exc:
+            raise EngineError(str(exc)) from exc
+
+    def kv_cache_usage(self) -> float | None:
+        for metric in self._engine.get_metrics():
+            if metric.name == "vllm:kv_cache_usage_perc":
+                return float(metric.value)
+        return None
+
+    def close(self) -> None:
+        self._closed.set()
+        self._engine.engine_core.shutdown()
+
+    def _core_processes(self) -> list[Any]:
+        manager = getattr(self._engine.engine_core.resources, "engine_manager", None)
+        return list(getattr(manager, "processes", ()))
+
+    def _kill_core(self) -> None:
+        for process in self._core_processes():
+            if process.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGKILL)
+
+    def _watch(self) -> None:
+        core = self._engine.engine_core
+        if not hasattr(core, "resources"):  # in-process core: nothing to watch
+            return
+        while not self._closed.wait(WATCH_INTERVAL_S):
+            started = self._step_started
+            if started is not None and time.monotonic() - started > self._step_timeout_s:
+                log.error("an engine step has run %.0f s: the engine hangs", self._step_timeout_s)
+                self._kill_core()
+                core.resources.engine_dead = True
+            if core.resources.engine_dead:
+                # Wake a step() blocked on the output queue (and fail the next one).
+                core.outputs_queue.put_nowait(EngineDeadError())
+                return
+
+
+def _sampling_params(params: SamplingParams) -> VllmSamplingParams:
+    return VllmSamplingParams(
+        n=params.n,
+        max_tokens=params.max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        min_p=params.min_p,
+        stop=list(params.stop) or None,
+        seed=params.seed,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty,
+        logprobs=params.logprobs,
+        ignore_eos=params.ignore_eos,
+        # Only the final output: no per-step copies to build and throw away.
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def _finished(output: RequestOutput, top_k: int) -> Finished:
+    return Finished(
+        job_id=output.request_id,
+        result=JobResult(
+            choices=tuple(_choice(c, top_k) for c in sorted(output.outputs, key=lambda c: c.index)),
+            prompt_tokens=len(output.prompt_token_ids or ()),
+        ),
+    )
+
+
+def _choice(output: CompletionOutput, top_k: int) -> Choice:
+    logprobs = None
+    if output.logprobs is not None:
+        logprobs = tuple(
+            _token_logprob(token_id, candidates, top_k)
+            for token_id, candidates in zip(output.token_ids, output.logprobs, strict=False)
+        )
+    return Choice(
+        index=output.index,
+        text=output.text,
+        finish_reason=output.finish_reason,
+        completion_tokens=len(output.token_ids),
+        logprobs=logprobs,
+    )
+
+
+def _token_logprob(token_id: int, candidates: Any, top_k: int) -> TokenLogprob:
+    sampled = candidates[token_id]
+    ranked = sorted(
+        (c for c in candidates.values() if c.rank is not None and c.rank <= top_k),
+        key=lambda c: c.rank,
+    )
+    return TokenLogprob(
+        token=sampled.decoded_token or "",
+        logprob=float(sampled.logprob),
+        top_logprobs=tuple((c.decoded_token or "", float(c.logprob)) for c in ranked),
+    )

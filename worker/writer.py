@@ -1,0 +1,121 @@
+"""The result writer: finished outcomes go to Postgres in bulk, one transaction a flush.
+
+Only after the commit are the waiting tasks released (and so their messages
+acknowledged). If the database is down, the writer keeps the outcomes and retries; if
+one outcome cannot be stored at all, it is written alone as a failure, so one bad
+result never blocks the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from inferq.db.jobs import JobStore
+from inferq.exceptions import StoreUnavailable
+from inferq.jobs import JobError, JobOutcome
+
+log = logging.getLogger(__name__)
+
+MAX_FLUSH = 512
+MAX_BACKOFF_S = 5.0
+
+
+class ResultWriter:
+    """Collects outcomes from the engine loop and writes them in bulk, in its own thread."""
+
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        flush_ms: int,
+        on_committed: Callable[[Sequence[JobOutcome], Sequence[str]], None],
+    ) -> None:
+        self._store = store
+        self._flush_s = flush_ms / 1000
+        self._on_committed = on_committed
+        self._queue: queue.SimpleQueue[JobOutcome | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="result-writer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def put(self, outcome: JobOutcome) -> None:
+        self._queue.put(outcome)
+
+    def stop(self, timeout_s: float = 30) -> None:
+        """Write everything already put, then end."""
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            batch, stopping = self._gather()
+            if batch:
+                self._write(batch)
+
+    def _gather(self) -> tuple[list[JobOutcome], bool]:
+        first = self._queue.get()
+        if first is None:
+            return [], True
+        batch = [first]
+        deadline = time.monotonic() + self._flush_s
+        while len(batch) < MAX_FLUSH:
+            try:
+                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if item is None:
+                return batch, True
+            batch.append(item)
+        return batch, False
+
+    def _write(self, batch: list[JobOutcome]) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                written = self._write_batch(batch)
+            except StoreUnavailable as exc:
+                log.warning("cannot write %d results yet (%s); retrying", len(batch), exc)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                continue
+            break
+        self._on_committed(batch, written)
+
+    def _write_batch(self, batch: list[JobOutcome]) -> list[str]:
+        try:
+            return self._store.finish_jobs(batch)
+        except StoreUnavailable:
+            raise
+        except Exception:
+            log.exception("writing %d results failed; writing them one by one", len(batch))
+            return self._write_singly(batch)
+
+    def _write_singly(self, batch: list[JobOutcome]) -> list[str]:
+        written: list[str] = []
+        for outcome in batch:
+            try:
+                written += self._store.finish_jobs([outcome])
+            except StoreUnavailable:
+                raise
+            except Exception as exc:
+                log.exception(
+                    "the result of %s cannot be stored",
+                    outcome.job_id,
+                    extra={"job_id": outcome.job_id},
+                )
+                failure = JobOutcome(
+                    job_id=outcome.job_id,
+                    error=JobError(
+                        code="result_not_stored",
+                        message=f"the result could not be stored: {exc}",
+                    ),
+                    started_at=outcome.started_at,
+                )
+                written += self._store.finish_jobs([failure])
+        return written

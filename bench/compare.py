@@ -22,8 +22,8 @@ import argparse
 import asyncio
 import json
 import random
+import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -40,6 +40,7 @@ from inferq.demo_model import BENCH
 
 MAX_NUM_SEQS = 64
 JOB_CONCURRENCY = 256
+IDLE_JOBS = 20
 
 
 def engine_args(model: Path, *, gpu: bool) -> dict[str, Any]:
@@ -108,7 +109,7 @@ def run_inferq_batch(base_url: str, batch_file: Path) -> dict[str, Any]:
     with batch_file.open("rb") as f:
         uploaded = client.files.create(file=f, purpose="batch")
     batch = client.batches.create(
-        input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h"
+        input_file_id=uploaded.id, endpoint=workload.CHAT_URL, completion_window="24h"
     )
     while batch.status not in ("completed", "failed", "expired", "cancelled"):
         time.sleep(0.25)
@@ -164,6 +165,17 @@ def run_inferq_jobs(base_url: str, bodies: list[dict[str, Any]]) -> dict[str, An
     return throughput(seconds, tokens, len(jobs))
 
 
+def run_idle(base_url: str, body: dict[str, Any], count: int) -> dict[str, Any]:
+    """One job at a time on an otherwise idle system: submission to result."""
+
+    async def drive() -> list[float]:
+        async with _client(base_url, 1) as client:
+            return [(await _submit_and_wait(client, body))[0] for _ in range(count)]
+
+    latencies = asyncio.run(drive())
+    return {"jobs": count, "p50_s": statistics.median(latencies), "max_s": max(latencies)}
+
+
 def run_interactive(
     base_url: str, body: dict[str, Any], rates: list[float], duration_s: float
 ) -> list[dict[str, Any]]:
@@ -200,7 +212,7 @@ def run_pipeline(workdir: Path, lines: int) -> dict[str, Any]:
         with batch_file.open("rb") as f:
             uploaded = client.files.create(file=f, purpose="batch")
         batch = client.batches.create(
-            input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h"
+            input_file_id=uploaded.id, endpoint=workload.CHAT_URL, completion_window="24h"
         )
         queued = time.perf_counter()
         while batch.status not in ("completed", "failed"):
@@ -237,33 +249,35 @@ def main() -> None:
     requests = workload.bulk(AutoTokenizer.from_pretrained(model), args.requests)
     engine = engine_args(model, gpu=args.gpu)
     results: dict[str, Any] = {"expected_tokens": sum(r.max_tokens for r in requests)}
-    with tempfile.TemporaryDirectory(prefix="inferq-compare-") as tmp:
-        workdir = Path(tmp)
-        requests_json = workload.save(requests, workdir / "requests.json")
-        batch_file = workload.write_batch_file(requests, SERVED, workdir / "batch.jsonl")
+    workdir = args.out / "work"  # inputs and every process's log, kept for a look after
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    requests_json = workload.save(requests, workdir / "requests.json")
+    batch_file = workload.write_batch_file(requests, SERVED, workdir / "batch.jsonl")
 
-        def step(name: str, run: Any) -> None:
-            if name in skip:
-                return
-            print(f"-- {name}", flush=True)
-            results[name] = run()
-            print(json.dumps(results[name]), flush=True)
+    def step(name: str, run: Any) -> None:
+        if name in skip:
+            return
+        print(f"-- {name}", flush=True)
+        results[name] = run()
+        print(json.dumps(results[name]), flush=True)
 
-        step("engine", lambda: run_engine(requests_json, engine, workdir))
-        load_s = results.get("engine", {}).get("load_s", 0.0)
-        step("run-batch", lambda: run_run_batch(batch_file, engine, workdir, load_s))
-        step("serve", lambda: run_serve(requests, engine, workdir))
-        if not {"inferq-batch", "inferq-jobs", "interactive"} <= skip:
-            with inferq(model, workdir, **inferq_env(engine)) as url:
-                bodies = [workload.body(r, SERVED) for r in requests]
-                step("inferq-batch", lambda: run_inferq_batch(url, batch_file))
-                step("inferq-jobs", lambda: run_inferq_jobs(url, bodies))
-                rates = [float(r) for r in args.rates.split(",")]
-                step(
-                    "interactive",
-                    lambda: run_interactive(url, bodies[0], rates, args.duration),
-                )
-        step("pipeline", lambda: run_pipeline(workdir, args.pipeline_lines))
+    step("engine", lambda: run_engine(requests_json, engine, workdir))
+    load_s = results.get("engine", {}).get("load_s", 0.0)
+    step("run-batch", lambda: run_run_batch(batch_file, engine, workdir, load_s))
+    step("serve", lambda: run_serve(requests, engine, workdir))
+    if not {"inferq-batch", "inferq-jobs", "idle", "interactive"} <= skip:
+        with inferq(model, workdir, **inferq_env(engine)) as url:
+            bodies = [workload.body(r, SERVED) for r in requests]
+            step("inferq-batch", lambda: run_inferq_batch(url, batch_file))
+            step("inferq-jobs", lambda: run_inferq_jobs(url, bodies))
+            step("idle", lambda: run_idle(url, bodies[0], IDLE_JOBS))
+            rates = [float(r) for r in args.rates.split(",")]
+            step(
+                "interactive",
+                lambda: run_interactive(url, bodies[0], rates, args.duration),
+            )
+    step("pipeline", lambda: run_pipeline(workdir, args.pipeline_lines))
     (args.out / "compare.json").write_text(json.dumps(results, indent=2) + "\n")
     if "engine" in results:
         print("\n" + table(results))

@@ -2,8 +2,10 @@
 
     python -m bench.engine_limit REQUESTS.json OUT.json ENGINE_ARGS_JSON
 
-Writes the load time, the generation time and the tokens generated, and the time one
-short request takes alone on the idle engine (the floor for interactive latency).
+The prompts are rendered with the model's chat template and tokenized before the clock
+starts: this is the engine alone. Writes the load time, the generation time and the
+tokens generated, and the time one short request takes alone on the idle engine (the
+floor for interactive latency).
 """
 
 from __future__ import annotations
@@ -14,29 +16,41 @@ import sys
 import time
 from pathlib import Path
 
-from bench.workload import load
+from bench.workload import load, messages
 
 
 def main() -> None:
     requests_path, out_path, engine_json = sys.argv[1:4]
+    from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
 
+    args = json.loads(engine_json)
     requests = load(Path(requests_path))
+    tokenizer = AutoTokenizer.from_pretrained(args["model"])
+    prompts = [
+        TokensPrompt(
+            prompt_token_ids=tokenizer.apply_chat_template(
+                messages(r), add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
+        for r in requests
+    ]
     started = time.perf_counter()
-    llm = LLM(**json.loads(engine_json))
+    llm = LLM(**args)
     load_s = time.perf_counter() - started
     params = [
         SamplingParams(max_tokens=r.max_tokens, temperature=0, ignore_eos=True) for r in requests
     ]
     started = time.perf_counter()
-    outputs = llm.generate([r.prompt for r in requests], params, use_tqdm=False)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
     generate_s = time.perf_counter() - started
     single = requests[0]
     alone = []
     for _ in range(5):
         started = time.perf_counter()
         llm.generate(
-            [single.prompt],
+            [prompts[0]],
             SamplingParams(max_tokens=single.max_tokens, temperature=0, ignore_eos=True),
             use_tqdm=False,
         )

@@ -125,9 +125,9 @@ def run_serve(requests: list[workload.Request], args: dict[str, Any], workdir: P
 
             async def one(request: workload.Request) -> int:
                 async with gate:
-                    done = await client.completions.create(
+                    done = await client.chat.completions.create(
                         model=SERVED,
-                        prompt=request.prompt,
+                        messages=workload.messages(request),  # type: ignore[arg-type]
                         max_tokens=request.max_tokens,
                         temperature=0,
                         extra_body={"ignore_eos": True},

@@ -80,7 +80,6 @@ def service_env(*, model: Path, database_url: str, prefix: str, **extra: str) ->
         "INFERQ_REDIS_KEY_PREFIX": prefix,
         "INFERQ_MODEL": str(model),
         "INFERQ_SERVED_MODEL_NAME": MODEL_NAME,
-        "INFERQ_LOG_LEVEL": "WARNING",
         **extra,
     }
 

@@ -1,5 +1,8 @@
 """The benchmark workloads, fixed by a seed: every system gets the same prompts and
-generates the same number of tokens (`ignore_eos` with a drawn `max_tokens`)."""
+generates the same number of tokens (`ignore_eos` with a drawn `max_tokens`).
+
+Requests are chat completions (one user message): `vllm run-batch` serves no other
+generation endpoint, and chat is what most batch files hold."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 SEED = 20261121
+CHAT_URL = "/v1/chat/completions"
 # Long-tailed lengths (log-normal), as in real traffic: most requests are short, a few
 # are long. Medians and spreads in tokens, clipped to what the bench model's context holds.
 PROMPT_MEDIAN, PROMPT_SIGMA, PROMPT_RANGE = 96, 0.8, (8, 1024)
@@ -33,7 +37,12 @@ def bulk(tokenizer: Any, count: int, *, seed: int = SEED) -> list[Request]:
     text (so every system tokenizes the same text)."""
     rng = random.Random(seed)
     specials = set(tokenizer.all_special_ids)
-    vocab = [i for i in range(tokenizer.vocab_size) if i not in specials]
+    # Leave out tokens that decode to NUL: Postgres text cannot hold it, so inferq refuses it.
+    vocab = [
+        i
+        for i in range(tokenizer.vocab_size)
+        if i not in specials and "\x00" not in tokenizer.decode([i])
+    ]
     requests = []
     for i in range(count):
         length = _lognormal(rng, PROMPT_MEDIAN, PROMPT_SIGMA, PROMPT_RANGE)
@@ -48,11 +57,15 @@ def bulk(tokenizer: Any, count: int, *, seed: int = SEED) -> list[Request]:
     return requests
 
 
+def messages(request: Request) -> list[dict[str, str]]:
+    return [{"role": "user", "content": request.prompt}]
+
+
 def body(request: Request, model: str) -> dict[str, Any]:
-    """A completion request body, the same for every system."""
+    """A chat completion request body, the same for every system."""
     return {
         "model": model,
-        "prompt": request.prompt,
+        "messages": messages(request),
         "max_tokens": request.max_tokens,
         "temperature": 0,
         "ignore_eos": True,
@@ -60,13 +73,13 @@ def body(request: Request, model: str) -> dict[str, Any]:
 
 
 def write_batch_file(requests: list[Request], model: str, path: Path) -> Path:
-    """The requests as OpenAI Batch JSONL for /v1/completions."""
+    """The requests as OpenAI Batch JSONL for /v1/chat/completions."""
     with path.open("w") as out:
         for request in requests:
             line = {
                 "custom_id": request.custom_id,
                 "method": "POST",
-                "url": "/v1/completions",
+                "url": CHAT_URL,
                 "body": body(request, model),
             }
             out.write(json.dumps(line) + "\n")

@@ -246,8 +246,10 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     model = args.model or stack.demo_model(BENCH, "bench")
-    requests = workload.bulk(AutoTokenizer.from_pretrained(model), args.requests)
     engine = engine_args(model, gpu=args.gpu)
+    requests = workload.bulk(
+        AutoTokenizer.from_pretrained(model), args.requests, context=engine["max_model_len"]
+    )
     results: dict[str, Any] = {"expected_tokens": sum(r.max_tokens for r in requests)}
     workdir = args.out / "work"  # inputs and every process's log, kept for a look after
     shutil.rmtree(workdir, ignore_errors=True)

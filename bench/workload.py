@@ -18,6 +18,8 @@ CHAT_URL = "/v1/chat/completions"
 # are long. Medians and spreads in tokens, clipped to what the bench model's context holds.
 PROMPT_MEDIAN, PROMPT_SIGMA, PROMPT_RANGE = 96, 0.8, (8, 1024)
 OUTPUT_MEDIAN, OUTPUT_SIGMA, OUTPUT_RANGE = 48, 0.9, (4, 512)
+# What the chat template adds around one user message (the bench model's is 10 tokens).
+TEMPLATE_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,7 @@ def _lognormal(rng: random.Random, median: int, sigma: float, bounds: tuple[int,
     return max(low, min(high, round(rng.lognormvariate(0, sigma) * median)))
 
 
-def bulk(tokenizer: Any, count: int, *, seed: int = SEED) -> list[Request]:
+def bulk(tokenizer: Any, count: int, *, context: int, seed: int = SEED) -> list[Request]:
     """`count` requests whose prompts are `tokenizer` tokens drawn at random, decoded to
     text (so every system tokenizes the same text)."""
     rng = random.Random(seed)
@@ -47,13 +49,12 @@ def bulk(tokenizer: Any, count: int, *, seed: int = SEED) -> list[Request]:
     for i in range(count):
         length = _lognormal(rng, PROMPT_MEDIAN, PROMPT_SIGMA, PROMPT_RANGE)
         text = tokenizer.decode([rng.choice(vocab) for _ in range(length)])
-        requests.append(
-            Request(
-                custom_id=f"r{i}",
-                prompt=text,
-                max_tokens=_lognormal(rng, OUTPUT_MEDIAN, OUTPUT_SIGMA, OUTPUT_RANGE),
-            )
-        )
+        # Decoded random tokens tokenize again into more tokens: measure the prompt again,
+        # so that prompt and output fit the context (vLLM would cut the output short;
+        # inferq refuses the line).
+        room = context - len(tokenizer.encode(text, add_special_tokens=False)) - TEMPLATE_TOKENS
+        drawn = _lognormal(rng, OUTPUT_MEDIAN, OUTPUT_SIGMA, OUTPUT_RANGE)
+        requests.append(Request(custom_id=f"r{i}", prompt=text, max_tokens=min(drawn, room)))
     return requests
 
 

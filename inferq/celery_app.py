@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from celery import Celery
 from kombu import Exchange, Queue
@@ -86,8 +87,12 @@ class JobPublisher:
 
     def publish_bulk(self, job_ids: Sequence[str]) -> None:
         size = self._bulk_chunk_size
-        for start in range(0, len(job_ids), size):
-            self._send(list(job_ids[start : start + size]), BULK_QUEUE)
+        # One producer (and its connection) for all the chunks, not one per message.
+        with self._app.producer_or_acquire() as producer:
+            for start in range(0, len(job_ids), size):
+                self._send_task(
+                    RUN_JOBS_TASK, [list(job_ids[start : start + size])], BULK_QUEUE, producer
+                )
 
     def publish_finalize(self, batch_id: str) -> None:
         """Ask the maintenance worker to make a finished batch's output files."""
@@ -100,12 +105,13 @@ class JobPublisher:
     def _send(self, job_ids: list[str], queue: str) -> None:
         self._send_task(RUN_JOBS_TASK, [job_ids], queue)
 
-    def _send_task(self, name: str, args: list[object], queue: str) -> None:
+    def _send_task(self, name: str, args: list[object], queue: str, producer: Any = None) -> None:
         try:
             self._app.send_task(
                 name,
                 args=args,
                 queue=queue,
+                producer=producer,
                 retry=True,
                 retry_policy={"max_retries": 3, "interval_start": 0.1, "interval_step": 0.5},
             )

@@ -21,6 +21,7 @@ from inferq.batches import (
     ResultRow,
 )
 from inferq.constants import BULK_QUEUE, JOB_ID_PREFIX
+from inferq.db.bulk import insert_rows
 from inferq.db.jobs import as_utc, translate_errors, utcnow
 from inferq.db.models import BatchRow, JobRow
 from inferq.db.outbox import enqueue_batch_event, ensure_endpoint, wake_delivery
@@ -339,7 +340,7 @@ def _flush(session: Session, rows: list[dict[str, Any]], *, at: int) -> list[dic
     """Insert the buffered job rows once there are `at` of them; return what stays."""
     if not rows or len(rows) < at:
         return rows
-    session.execute(insert(JobRow), rows)
+    insert_rows(session, JobRow, rows)
     return []
 
 

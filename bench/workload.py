@@ -18,8 +18,6 @@ CHAT_URL = "/v1/chat/completions"
 # are long. Medians and spreads in tokens, clipped to what the bench model's context holds.
 PROMPT_MEDIAN, PROMPT_SIGMA, PROMPT_RANGE = 96, 0.8, (8, 1024)
 OUTPUT_MEDIAN, OUTPUT_SIGMA, OUTPUT_RANGE = 48, 0.9, (4, 512)
-# What the chat template adds around one user message (the bench model's is 10 tokens).
-TEMPLATE_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -49,10 +47,16 @@ def bulk(tokenizer: Any, count: int, *, context: int, seed: int = SEED) -> list[
     for i in range(count):
         length = _lognormal(rng, PROMPT_MEDIAN, PROMPT_SIGMA, PROMPT_RANGE)
         text = tokenizer.decode([rng.choice(vocab) for _ in range(length)])
-        # Decoded random tokens tokenize again into more tokens: measure the prompt again,
+        # Decoded random tokens tokenize again into more tokens: measure the rendered chat,
         # so that prompt and output fit the context (vLLM would cut the output short;
         # inferq refuses the line).
-        room = context - len(tokenizer.encode(text, add_special_tokens=False)) - TEMPLATE_TOKENS
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        room = context - len(rendered)
         drawn = _lognormal(rng, OUTPUT_MEDIAN, OUTPUT_SIGMA, OUTPUT_RANGE)
         requests.append(Request(custom_id=f"r{i}", prompt=text, max_tokens=min(drawn, room)))
     return requests

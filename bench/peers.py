@@ -116,11 +116,11 @@ def run_serve(requests: list[workload.Request], args: dict[str, Any], workdir: P
     )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", server, timeout_s=600)
-        client = openai.AsyncOpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=3600
-        )
 
         async def drive() -> tuple[float, int]:
+            client = openai.AsyncOpenAI(
+                base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=3600
+            )
             gate = asyncio.Semaphore(SERVE_CONCURRENCY)
 
             async def one(request: workload.Request) -> int:
@@ -134,9 +134,10 @@ def run_serve(requests: list[workload.Request], args: dict[str, Any], workdir: P
                     )
                     return done.usage.completion_tokens if done.usage else 0
 
-            started = time.perf_counter()
-            counts = await asyncio.gather(*(one(r) for r in requests))
-            return time.perf_counter() - started, sum(counts)
+            async with client:
+                started = time.perf_counter()
+                counts = await asyncio.gather(*(one(r) for r in requests))
+                return time.perf_counter() - started, sum(counts)
 
         seconds, tokens = asyncio.run(drive())
         return throughput(seconds, tokens, len(requests), concurrency=SERVE_CONCURRENCY)

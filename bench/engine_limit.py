@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.workload import load, messages
+from bench.workload import chat_token_ids, load
 
 
 def main() -> None:
@@ -28,14 +28,7 @@ def main() -> None:
     args = json.loads(engine_json)
     requests = load(Path(requests_path))
     tokenizer = AutoTokenizer.from_pretrained(args["model"])
-    prompts = [
-        TokensPrompt(
-            prompt_token_ids=tokenizer.apply_chat_template(
-                messages(r), add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-        )
-        for r in requests
-    ]
+    prompts = [TokensPrompt(prompt_token_ids=chat_token_ids(tokenizer, r.prompt)) for r in requests]
     started = time.perf_counter()
     llm = LLM(**args)
     load_s = time.perf_counter() - started

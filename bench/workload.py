@@ -50,20 +50,26 @@ def bulk(tokenizer: Any, count: int, *, context: int, seed: int = SEED) -> list[
         # Decoded random tokens tokenize again into more tokens: measure the rendered chat,
         # so that prompt and output fit the context (vLLM would cut the output short;
         # inferq refuses the line).
-        rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-        )
-        room = context - len(rendered)
+        room = context - len(chat_token_ids(tokenizer, text))
         drawn = _lognormal(rng, OUTPUT_MEDIAN, OUTPUT_SIGMA, OUTPUT_RANGE)
         requests.append(Request(custom_id=f"r{i}", prompt=text, max_tokens=min(drawn, room)))
     return requests
 
 
 def messages(request: Request) -> list[dict[str, str]]:
-    return [{"role": "user", "content": request.prompt}]
+    return _user(request.prompt)
+
+
+def chat_token_ids(tokenizer: Any, text: str) -> list[int]:
+    """`text` as one user message, rendered with the chat template and tokenized."""
+    ids: list[int] = tokenizer.apply_chat_template(
+        _user(text), add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    return ids
+
+
+def _user(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
 
 
 def body(request: Request, model: str) -> dict[str, Any]:

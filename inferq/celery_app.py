@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from celery import Celery
@@ -88,11 +89,9 @@ class JobPublisher:
     def publish_bulk(self, job_ids: Sequence[str]) -> None:
         size = self._bulk_chunk_size
         # One producer (and its connection) for all the chunks, not one per message.
-        with self._app.producer_or_acquire() as producer:
+        with _broker_errors(), self._app.producer_or_acquire() as producer:
             for start in range(0, len(job_ids), size):
-                self._send_task(
-                    RUN_JOBS_TASK, [list(job_ids[start : start + size])], BULK_QUEUE, producer
-                )
+                self._send(list(job_ids[start : start + size]), BULK_QUEUE, producer)
 
     def publish_finalize(self, batch_id: str) -> None:
         """Ask the maintenance worker to make a finished batch's output files."""
@@ -102,11 +101,11 @@ class JobPublisher:
         """Wake the delivery worker: deliveries are due (it finds them in Postgres)."""
         self._send_task(DELIVER_WEBHOOKS_TASK, [], WEBHOOKS_QUEUE)
 
-    def _send(self, job_ids: list[str], queue: str) -> None:
-        self._send_task(RUN_JOBS_TASK, [job_ids], queue)
+    def _send(self, job_ids: list[str], queue: str, producer: Any = None) -> None:
+        self._send_task(RUN_JOBS_TASK, [job_ids], queue, producer)
 
     def _send_task(self, name: str, args: list[object], queue: str, producer: Any = None) -> None:
-        try:
+        with _broker_errors():
             self._app.send_task(
                 name,
                 args=args,
@@ -115,5 +114,14 @@ class JobPublisher:
                 retry=True,
                 retry_policy={"max_retries": 3, "interval_start": 0.1, "interval_step": 0.5},
             )
-        except Exception as exc:  # kombu raises whatever the transport raised
-            raise BrokerUnavailable(f"could not publish to Redis: {exc}") from exc
+
+
+@contextmanager
+def _broker_errors() -> Iterator[None]:
+    """Whatever the transport raised (kombu passes Redis' errors on) as `BrokerUnavailable`."""
+    try:
+        yield
+    except BrokerUnavailable:
+        raise
+    except Exception as exc:
+        raise BrokerUnavailable(f"could not publish to Redis: {exc}") from exc

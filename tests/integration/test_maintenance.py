@@ -13,9 +13,11 @@ from inferq.celery_app import JobPublisher, make_celery
 from inferq.constants import BULK_QUEUE, INTERACTIVE_QUEUE
 from inferq.db.engine import make_engine, make_sessions
 from inferq.db.jobs import JobStore
+from inferq.exceptions import BrokerUnavailable
 from inferq.jobs import JobSpec, JobStatus, SamplingParams
 from inferq.settings import Settings
 from tests.conftest import REDIS_URL
+from tests.helpers.processes import free_port
 from worker.maintenance import Maintenance, _job_ids
 
 
@@ -125,6 +127,15 @@ def test_after_redis_loses_everything_every_queued_job_is_published_again(
 def test_one_pass_at_a_time(harness: Harness) -> None:
     harness.redis.set(harness.prefix + "maintenance:lock", "someone-else", ex=60)
     assert harness.maintenance.run_once().skipped
+
+
+@pytest.mark.parametrize("publish", ["bulk", "interactive"])
+def test_publishing_to_a_redis_that_is_down_says_so(publish: str) -> None:
+    # Callers keep the jobs in Postgres for maintenance on BrokerUnavailable, and only on it.
+    app = make_celery(Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0"))
+    publisher = JobPublisher(app, bulk_chunk_size=2)
+    with pytest.raises(BrokerUnavailable, match="could not publish to Redis"):
+        getattr(publisher, f"publish_{publish}")(["job_a", "job_b", "job_c"])
 
 
 def test_a_job_stored_while_redis_was_down_is_published_at_the_next_pass(

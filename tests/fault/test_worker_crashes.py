@@ -4,15 +4,17 @@ exactly one result. Assertions are on Postgres rows."""
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 
 import pytest
 import redis
-from sqlalchemy import select
+from sqlalchemy import func, select
 
-from inferq.db.models import WebhookAttemptRow, WebhookDeliveryRow
+from inferq.db.models import JobRow, WebhookAttemptRow, WebhookDeliveryRow
 from inferq.jobs import JobStatus
 from tests.fault.conftest import DeploymentFactory
+from tests.helpers.deployment import Deployment
 from tests.helpers.receiver import Received, receiver
 
 pytestmark = pytest.mark.engine
@@ -114,25 +116,35 @@ def test_two_workers_share_a_queue_and_one_takes_over_from_the_other(
     assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 200
     assert all(j.attempts == 1 for j in jobs)  # each ran exactly once
     with deployed.store._sessions() as session:
-        from sqlalchemy import select
-
-        from inferq.db.models import JobRow
-
         workers = Counter(session.scalars(select(JobRow.worker).where(JobRow.id.in_(ids))))
     assert set(workers) == {"gpu-a@test", "gpu-b@test"}
 
     more = deployed.submit(_bodies(300, 48))
     deployed.wait_done_count(more, 40)
+    # Kill the second worker while it holds jobs (on a loaded machine the first can have
+    # taken everything queued so far), so there is something to take over.
+    _wait_for_running_jobs(deployed, more, worker="gpu-b@test")
     second.kill_group()
     jobs = deployed.wait_all_ended(more)
     assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 300
     with deployed.store._sessions() as session:
-        from sqlalchemy import select
-
-        from inferq.db.models import JobRow
-
         retried = session.scalars(
             select(JobRow.worker).where(JobRow.id.in_(more), JobRow.attempts > 1)
         ).all()
     assert retried
     assert set(retried) == {"gpu-a@test"}
+
+
+def _wait_for_running_jobs(
+    deployed: Deployment, ids: list[str], *, worker: str, timeout_s: float = 120
+) -> None:
+    query = select(func.count()).where(
+        JobRow.id.in_(ids), JobRow.worker == worker, JobRow.status == JobStatus.RUNNING.value
+    )
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with deployed.store._sessions() as session:
+            if session.scalar(query):
+                return
+        assert time.monotonic() < deadline, f"{worker} never held any of the jobs"
+        time.sleep(0.05)

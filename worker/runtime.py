@@ -293,11 +293,6 @@ class GpuRuntime:
             tickets = [self._tickets.get(o.job_id) for o in outcomes if o.job_id in done]
         created = [ticket.created_at for ticket in tickets if ticket is not None]
         batch_ids = {t.batch_id for t in tickets if t is not None and t.batch_id is not None}
-        if batch_ids and self._on_batch_lines_done is not None:
-            try:
-                self._on_batch_lines_done(batch_ids)
-            except Exception:  # maintenance's sweep finalizes what this misses
-                log.warning("could not check batches %s for completion", batch_ids, exc_info=True)
         for created_at in created:
             self._metrics.job_latency.observe((now - created_at).total_seconds())
         results = [o.result for o in outcomes if o.result is not None and o.job_id in done]
@@ -307,6 +302,20 @@ class GpuRuntime:
             sum(r.completion_tokens for r in results),
         )
         self._release([o.job_id for o in outcomes])
+        self._check_batches(batch_ids)
+
+    def _check_batches(self, batch_ids: set[str]) -> None:
+        """Ask whether these batches have ended, unless a line of theirs is still held
+        here (then they have not: it saves a query on every write)."""
+        if not batch_ids or self._on_batch_lines_done is None:
+            return
+        with self._lock:
+            unfinished = {t.batch_id for t in self._tickets.values()}
+        if ended := batch_ids - unfinished:
+            try:
+                self._on_batch_lines_done(ended)
+            except Exception:  # maintenance's sweep finalizes what this misses
+                log.warning("could not check batches %s for completion", ended, exc_info=True)
 
     def _release(self, job_ids: Sequence[str], *, returned: bool = False) -> None:
         with self._lock:

@@ -53,17 +53,21 @@ class ResultWriter:
 
     def _run(self) -> None:
         stopping = False
+        last_write = 0.0
         while not stopping:
-            batch, stopping = self._gather()
+            batch, stopping = self._gather(not_before=last_write + self._flush_s)
             if batch:
                 self._write(batch)
+                last_write = time.monotonic()
 
-    def _gather(self) -> tuple[list[JobOutcome], bool]:
+    def _gather(self, *, not_before: float) -> tuple[list[JobOutcome], bool]:
+        """The next results to write. Under load writes are `flush_ms` apart, each carrying
+        what finished meanwhile; a result that ends a quiet spell goes at once."""
         first = self._queue.get()
         if first is None:
             return [], True
         batch = [first]
-        deadline = time.monotonic() + self._flush_s
+        deadline = max(time.monotonic(), not_before)
         while len(batch) < MAX_FLUSH:
             try:
                 item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))

@@ -1,13 +1,18 @@
-"""Writing many rows at once: PostgreSQL's COPY, several times faster than INSERT for the
-thousands of job rows a batch file makes; a plain multi-row INSERT elsewhere (SQLite)."""
+"""Writing many rows at once. On PostgreSQL: COPY to insert (several times faster than
+INSERT for the thousands of job rows a batch file makes) and one `UPDATE ... FROM
+unnest(...)` statement to update (one round trip and one plan for hundreds of results,
+where an executemany runs an UPDATE per row). Elsewhere (SQLite) plain multi-row
+statements."""
 
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import JSON, Table, insert
+from psycopg import sql
+from sqlalchemy import JSON, Column, Table, insert, update
 from sqlalchemy.orm import DeclarativeBase, Session
 
 
@@ -21,16 +26,14 @@ def insert_rows(
     if session.get_bind().dialect.name != "postgresql":
         session.execute(insert(model), list(rows))
         return
-    mapper = model.__mapper__
     attributes = list(rows[0])
-    columns = [mapper.attrs[name].columns[0] for name in attributes]
+    columns = _columns(model, attributes)
     as_json = [isinstance(column.type, JSON) for column in columns]
-    table = columns[0].table
-    assert isinstance(table, Table)
     names = ", ".join(f'"{column.name}"' for column in columns)
     raw = session.connection().connection.driver_connection
     assert raw is not None
-    with raw.cursor() as cursor, cursor.copy(f'COPY "{table.name}" ({names}) FROM STDIN') as copy:
+    statement = f'COPY "{_table(columns).name}" ({names}) FROM STDIN'
+    with raw.cursor() as cursor, cursor.copy(statement) as copy:
         for row in rows:
             copy.write_row(
                 [
@@ -38,3 +41,71 @@ def insert_rows(
                     for name, is_json in zip(attributes, as_json, strict=True)
                 ]
             )
+
+
+def update_rows(
+    session: Session, model: type[DeclarativeBase], rows: Sequence[dict[str, Any]]
+) -> None:
+    """Update rows by primary key in the session's transaction: each dict holds the key
+    and the attributes to set; attributes a dict leaves out are left as they are."""
+    if not rows:
+        return
+    if session.get_bind().dialect.name != "postgresql":
+        session.execute(update(model), list(rows))
+        return
+    by_attributes: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_attributes[tuple(row)].append(row)
+    (key,) = (column.name for column in model.__mapper__.primary_key)
+    for attributes, group in by_attributes.items():
+        _update_group(session, model, key, attributes, group)
+
+
+def _update_group(
+    session: Session,
+    model: type[DeclarativeBase],
+    key: str,
+    attributes: tuple[str, ...],
+    rows: list[dict[str, Any]],
+) -> None:
+    dialect = session.get_bind().dialect
+    columns = _columns(model, attributes)
+    arrays = []
+    for name, column in zip(attributes, columns, strict=True):
+        values = [row[name] for row in rows]
+        if isinstance(column.type, JSON):
+            values = [json.dumps(value) for value in values]
+        arrays.append(values)
+    statement = sql.SQL(
+        "UPDATE {table} AS t SET {assignments} FROM unnest({arrays}) AS v({names}) "
+        "WHERE t.{key} = v.{key}"
+    ).format(
+        table=sql.Identifier(_table(columns).name),
+        assignments=sql.SQL(", ").join(
+            sql.SQL("{name} = v.{name}").format(name=sql.Identifier(column.name))
+            for column in columns
+            if column.name != key
+        ),
+        # The element types come from the model, never from the rows.
+        arrays=sql.SQL(", ").join(
+            sql.SQL("%s::{type}[]").format(type=sql.SQL(column.type.compile(dialect=dialect)))
+            for column in columns
+        ),
+        names=sql.SQL(", ").join(sql.Identifier(column.name) for column in columns),
+        key=sql.Identifier(key),
+    )
+    raw = session.connection().connection.driver_connection
+    assert raw is not None
+    with raw.cursor() as cursor:
+        cursor.execute(statement, arrays)
+
+
+def _columns(model: type[DeclarativeBase], attributes: Sequence[str]) -> list[Column[Any]]:
+    mapper = model.__mapper__
+    return [mapper.attrs[name].columns[0] for name in attributes]
+
+
+def _table(columns: Sequence[Column[Any]]) -> Table:
+    table = columns[0].table
+    assert isinstance(table, Table)
+    return table

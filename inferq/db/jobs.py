@@ -14,6 +14,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from inferq.constants import JOB_ID_PREFIX
+from inferq.db.bulk import update_rows
 from inferq.db.models import JobRow
 from inferq.db.outbox import enqueue_job_events, ensure_endpoint, wake_delivery
 from inferq.exceptions import InvalidState, NotFound, StoreUnavailable
@@ -452,8 +453,7 @@ class JobStore:
             ).all()
             live = {row.id for row in rows}
             values = [_outcome_values(o, now) for o in outcomes if o.job_id in live]
-            if values:
-                session.execute(update(JobRow), values)
+            update_rows(session, JobRow, values)
             status = {v["id"]: v["status"] for v in values}
             queued = enqueue_job_events(
                 session,

@@ -127,6 +127,31 @@ def test_results_are_written_once_and_only_for_active_jobs(store: JobStore) -> N
     assert store.get_job(c.id).result is None
 
 
+def test_hundreds_of_results_written_at_once_each_land_on_their_own_job(
+    store: JobStore,
+) -> None:
+    jobs = store.create_jobs([_spec()] * 300, tenant="t", queue="bulk", requeue_after_s=60)
+    ids = [job.id for job in jobs]
+    store.claim_jobs(ids, worker="w", lease_s=30)
+    outcomes = [
+        JobOutcome(job_id=job_id, result=_result(f"text {i}"))
+        if i % 3
+        else JobOutcome(job_id=job_id, error=JobError(code="engine_rejected", message=f"no {i}"))
+        for i, job_id in enumerate(ids)
+    ]
+    assert store.finish_jobs(outcomes) == ids
+    for i, job_id in enumerate(ids):
+        job = store.get_job(job_id)
+        assert job.finished_at is not None
+        if i % 3:
+            assert job.status is JobStatus.SUCCEEDED
+            assert job.result is not None
+            assert job.result.choices[0].text == f"text {i}"
+        else:
+            assert job.status is JobStatus.FAILED
+            assert job.error == JobError(code="engine_rejected", message=f"no {i}")
+
+
 def test_a_finished_job_cannot_be_claimed_or_cancelled(store: JobStore) -> None:
     [job] = store.create_jobs([_spec()], tenant="t", queue="interactive", requeue_after_s=60)
     store.claim_jobs([job.id], worker="w", lease_s=30)

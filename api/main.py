@@ -22,7 +22,7 @@ from api.urlcheck import RefuseNulInUrl
 from api.waiter import JobWaiter
 from inferq import __version__
 from inferq.batch_ops import BatchOperations
-from inferq.celery_app import JobPublisher, make_celery
+from inferq.celery_app import JobPublisher
 from inferq.db.batches import BatchStore
 from inferq.db.engine import make_engine, make_sessions
 from inferq.db.files import FileStore
@@ -55,7 +55,7 @@ def build_services(settings: Settings) -> Services:
         max_n=settings.max_n,
         max_tokens_cap=settings.max_tokens_cap,
     )
-    publisher = JobPublisher(make_celery(settings), bulk_chunk_size=settings.bulk_chunk_size)
+    publisher = JobPublisher.from_settings(settings)
     events = JobEvents(redis, key_prefix=prefix)
     files = FileStore(sessions)
     return Services(

@@ -82,6 +82,11 @@ class JobPublisher:
         self._app = app
         self._bulk_chunk_size = bulk_chunk_size
 
+    @classmethod
+    def from_settings(cls, settings: Settings, app: Celery | None = None) -> JobPublisher:
+        """A publisher on `app` (a new Celery app if None) with the configured chunk size."""
+        return cls(app or make_celery(settings), bulk_chunk_size=settings.effective_bulk_chunk_size)
+
     def publish_interactive(self, job_ids: Sequence[str]) -> None:
         for job_id in job_ids:
             self._send([job_id], INTERACTIVE_QUEUE)

@@ -194,7 +194,9 @@ class LocalRun:
             on_fatal=give_up,
             metrics=WorkerMetrics(),
         )
-        work = _InProcessQueue(self.batches.job_id_chunks(batch_id), settings.bulk_chunk_size)
+        work = _InProcessQueue(
+            self.batches.job_id_chunks(batch_id), settings.effective_bulk_chunk_size
+        )
         consumers = [
             threading.Thread(target=work.consume, args=(runtime,), name=f"consumer-{i}")
             for i in range(_consumers(settings))
@@ -304,7 +306,7 @@ def _rechunk(chunks: Iterator[list[str]], size: int) -> Iterator[list[str]]:
 def _consumers(settings: Settings) -> int:
     """Enough threads to keep the runtime's gate full, like the worker's Celery pool."""
     held = settings.max_num_seqs + settings.max_batch_size
-    return max(2, -(-held // settings.bulk_chunk_size) + 1)
+    return max(2, -(-held // settings.effective_bulk_chunk_size) + 1)
 
 
 def _sha256(path: Path) -> str:

@@ -96,7 +96,11 @@ class Settings(BaseSettings):
         ge=1,
         description="Messages a GPU worker holds at once; max_num_seqs + max_batch_size if unset.",
     )
-    bulk_chunk_size: int = Field(16, ge=1, description="Batch-file jobs carried by one message.")
+    bulk_chunk_size: int | None = Field(
+        None,
+        ge=1,
+        description="Batch-file jobs carried by one message; max_batch_size if unset.",
+    )
     lease_s: int = Field(
         60, ge=3, description="A running job's lease; its worker renews it while alive."
     )
@@ -126,7 +130,10 @@ class Settings(BaseSettings):
         86400, ge=60, description="How long an Idempotency-Key is remembered."
     )
     result_flush_ms: int = Field(
-        20, ge=0, description="How long finished results gather before one bulk write."
+        20,
+        ge=0,
+        description="Least time between two bulk writes of results (a result after a quiet "
+        "spell is written at once).",
     )
 
     worker_metrics_port: int = Field(
@@ -289,6 +296,11 @@ class Settings(BaseSettings):
     @property
     def effective_worker_concurrency(self) -> int:
         return self.worker_concurrency or self.max_num_seqs + self.max_batch_size
+
+    @property
+    def effective_bulk_chunk_size(self) -> int:
+        # A message is a micro-batch: the worker's gate holds a full engine plus one.
+        return self.bulk_chunk_size or self.max_batch_size
 
 
 _PLACEHOLDERS = (

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from celery.signals import worker_shutting_down
 from prometheus_client import start_http_server
 from redis import Redis
-from sqlalchemy.orm import Session, sessionmaker
 
 from inferq.celery_app import JobPublisher, make_celery
 from inferq.constants import GPU_QUEUES
@@ -59,12 +58,8 @@ def _serve_metrics(port: int) -> None:
     log.info("metrics on :%d/metrics", port)
 
 
-def _batch_finisher(
-    settings: Settings, *, store_sessions: sessionmaker[Session]
-) -> Callable[[set[str]], None]:
+def _batch_finisher(batches: BatchStore, publisher: JobPublisher) -> Callable[[set[str]], None]:
     """After a batch's lines are written: if none is left, ask for its output files."""
-    batches = BatchStore(store_sessions)
-    publisher = JobPublisher(make_celery(settings), bulk_chunk_size=settings.bulk_chunk_size)
 
     def finish(batch_ids: set[str]) -> None:
         for batch_id in batches.finished(sorted(batch_ids)):
@@ -82,8 +77,8 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
         _serve_metrics(settings.worker_metrics_port)
     worker_name = name or default_worker_name()
     sessions = make_sessions(make_engine(settings.database_url, pool_size=4))
-    wake = JobPublisher(make_celery(settings), bulk_chunk_size=settings.bulk_chunk_size)
-    store = JobStore(sessions, on_webhooks=wake.publish_webhooks)
+    publisher = JobPublisher.from_settings(settings)
+    store = JobStore(sessions, on_webhooks=publisher.publish_webhooks)
     redis = Redis.from_url(settings.redis_url)
     engine = build_engine(settings)
     runtime = GpuRuntime.from_settings(
@@ -94,7 +89,7 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
         worker_name=worker_name,
         on_fatal=_die,
         metrics=metrics,
-        on_batch_lines_done=_batch_finisher(settings, store_sessions=sessions),
+        on_batch_lines_done=_batch_finisher(BatchStore(sessions), publisher),
     )
     cancels = CancelListener(redis, key_prefix=settings.redis_key_prefix, runtime=runtime)
     app = make_celery(settings)

@@ -80,7 +80,7 @@ def run_service_worker(settings: Settings, *, name: str | None = None) -> None:
     )
     store = JobStore(sessions)
     app = make_celery(settings)
-    publisher = JobPublisher(app, bulk_chunk_size=settings.bulk_chunk_size)
+    publisher = JobPublisher.from_settings(settings, app)
     redis = Redis.from_url(settings.redis_url)
     batch_store = BatchStore(sessions, on_webhooks=publisher.publish_webhooks)
     webhooks = WebhookStore(sessions)

@@ -58,7 +58,7 @@ def test_sigterm_finishes_in_flight_work_and_returns_the_rest(
         INFERQ_DRAIN_TIMEOUT_S="60",
     )
     ids = deployed.submit(_bodies(40, 300))
-    deployed.wait_done_count(ids, 1)
+    deployed.wait_done_and_running(ids, 1)
     stopped_at = datetime.now(UTC)
     worker.signal(signal.SIGTERM)
     started = time.monotonic()

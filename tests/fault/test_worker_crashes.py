@@ -4,6 +4,7 @@ exactly one result. Assertions are on Postgres rows."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections import Counter
 
@@ -34,10 +35,12 @@ def _job_id(request: Received) -> str:
 def test_sigkill_with_500_jobs_in_flight_loses_nothing(deployment: DeploymentFactory) -> None:
     with receiver() as hooks:
         deployed = deployment()
-        first = deployed.start_worker("gpu-a", INFERQ_MAX_NUM_SEQS="64", INFERQ_MAX_BATCH_SIZE="32")
         bodies = [{**body, "webhook_url": hooks.url("/done")} for body in _bodies(500, 48)]
+        # Queued before the worker starts, so that it has a backlog to hold when killed
+        # (on a loaded machine submitting can be slower than running).
         ids = deployed.submit(bodies)
-        deployed.wait_done_count(ids, 60)
+        first = deployed.start_worker("gpu-a", INFERQ_MAX_NUM_SEQS="64", INFERQ_MAX_BATCH_SIZE="32")
+        deployed.wait_done_and_running(ids, 60)
         first.kill_group()
         running_at_kill = sum(1 for j in deployed.jobs(ids) if j.status is JobStatus.RUNNING)
         deployed.start_worker("gpu-b", INFERQ_MAX_NUM_SEQS="64", INFERQ_MAX_BATCH_SIZE="32")
@@ -119,10 +122,17 @@ def test_two_workers_share_a_queue_and_one_takes_over_from_the_other(
         workers = Counter(session.scalars(select(JobRow.worker).where(JobRow.id.in_(ids))))
     assert set(workers) == {"gpu-a@test", "gpu-b@test"}
 
-    more = deployed.submit(_bodies(300, 48))
+    # Both workers frozen while the jobs are submitted: they find a backlog, which on a
+    # loaded machine they would not (submitting can be slower than running).
+    for worker in (first, second):
+        worker.signal(signal.SIGSTOP)
+    try:
+        more = deployed.submit(_bodies(300, 48))
+    finally:
+        for worker in (first, second):
+            worker.signal(signal.SIGCONT)
     deployed.wait_done_count(more, 40)
-    # Kill the second worker while it holds jobs (on a loaded machine the first can have
-    # taken everything queued so far), so there is something to take over.
+    # Kill the second worker while it holds jobs, so there is something to take over.
     _wait_for_running_jobs(deployed, more, worker="gpu-b@test")
     second.kill_group()
     jobs = deployed.wait_all_ended(more)

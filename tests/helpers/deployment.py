@@ -15,7 +15,7 @@ import httpx
 from inferq.db.engine import make_engine, make_sessions
 from inferq.db.jobs import JobStore
 from inferq.exceptions import StoreUnavailable
-from inferq.jobs import Job
+from inferq.jobs import Job, JobStatus
 from tests.helpers.processes import (
     INFERQ,
     ServiceProcess,
@@ -140,4 +140,19 @@ class Deployment:
             lambda jobs: sum(1 for j in jobs if j.status.is_terminal) >= count,
             timeout_s=timeout_s,
             what=f"{count} ended",
+        )
+
+    def wait_done_and_running(
+        self, ids: Sequence[str], count: int, *, timeout_s: float = 120
+    ) -> None:
+        """Wait until `count` jobs have ended and others are running: jobs of one length
+        finish together, and just after a wave the next may not be claimed yet."""
+        self.wait_until(
+            ids,
+            lambda jobs: (
+                sum(1 for j in jobs if j.status.is_terminal) >= count
+                and any(j.status is JobStatus.RUNNING for j in jobs)
+            ),
+            timeout_s=timeout_s,
+            what=f"{count} ended and more running",
         )

@@ -207,7 +207,13 @@ def run_pipeline(workdir: Path, lines: int) -> dict[str, Any]:
     model = stack.demo_model()  # only its tokenizer is used
     requests = [workload.Request(f"p{i}", f"item {i}", 1) for i in range(lines)]
     batch_file = workload.write_batch_file(requests, SERVED, workdir / "pipeline.jsonl")
-    with inferq(model, workdir, INFERQ_ENGINE="instant", INFERQ_MAX_NUM_SEQS="256") as url:
+    with inferq(
+        model,
+        workdir,
+        INFERQ_ENGINE="instant",
+        INFERQ_MAX_NUM_SEQS="256",
+        INFERQ_MAX_BATCH_SIZE="256",
+    ) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key=stack.ADMIN_KEY, timeout=3600)
         with batch_file.open("rb") as f:
             uploaded = client.files.create(file=f, purpose="batch")

@@ -213,10 +213,7 @@ class LocalRun:
                 runtime.drain(timeout_s=0)
             for consumer in consumers:
                 consumer.join()
-            runtime.stop()
-            close = getattr(engine, "close", None)
-            if close is not None:
-                close()
+            runtime.stop()  # the engine loop closes its engine
         if fatal:
             raise InferqError(f"the engine cannot go on: {fatal[0]}")
         on_progress(self.progress(batch_id))

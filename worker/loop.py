@@ -102,6 +102,8 @@ class EngineLoop:
         self._admission.wake()
 
     def stop(self, timeout_s: float = 30) -> None:
+        """Stop stepping and close the engine: the one the loop holds now, which after a
+        crash is not the one it was given."""
         self._stopping.set()
         self._admission.wake()
         self._thread.join(timeout_s)
@@ -119,6 +121,8 @@ class EngineLoop:
         except BaseException as exc:  # the loop must never die silently
             log.exception("the engine loop failed")
             self._on_fatal(exc)
+            return
+        self._engine.close()
 
     def _admit_pending(self) -> None:
         if not self._admitting.is_set() or self._solo is not None:

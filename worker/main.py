@@ -131,7 +131,4 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
     finally:
         heartbeat.stop()
         cancels.stop()
-        runtime.stop()
-        engine_close = getattr(engine, "close", None)
-        if engine_close is not None:
-            engine_close()
+        runtime.stop()  # the engine loop closes its engine

@@ -41,9 +41,12 @@ def test_a_request_that_kills_the_engine_fails_alone(deployment: DeploymentFacto
     assert failed.error.code == "engine_crash"
     assert "died 3 times" in failed.error.message
     assert [j.status for j in jobs.values()] == [JobStatus.SUCCEEDED] * len(jobs)
-    # The worker restarted its engine, not itself.
+    # The worker restarted its engine, not itself ...
     assert worker.alive()
     assert worker.pid == pid
+    # ... and stops cleanly, the engine it built after the crashes included.
+    worker.signal(signal.SIGTERM)
+    assert worker.process.wait(60) == 0
 
 
 def test_sigterm_finishes_in_flight_work_and_returns_the_rest(

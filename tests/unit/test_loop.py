@@ -155,6 +155,10 @@ def test_engine_death_restarts_the_engine_and_fails_only_the_poison(make_harness
     assert harness.loop.engine_restarts == 3
     assert all(e.closed for e in harness.engines[:-1])
     assert not harness.fatal
+    # Stopping closes the engine the loop holds now: the last replacement.
+    assert not harness.engines[-1].closed
+    harness.loop.stop(5)
+    assert harness.engines[-1].closed
 
 
 def test_metrics_count_admissions_outcomes_and_restarts(make_harness) -> None:

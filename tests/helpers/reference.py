@@ -14,10 +14,12 @@ import sys
 def main() -> None:
     from vllm import LLM, SamplingParams
 
+    from inferq.demo_model import CPU_DTYPE
+
     model, max_tokens, *prompts = sys.argv[1:]
     llm = LLM(
         model=model,
-        dtype="float32",  # as the tests' workers run it (tests/conftest.py)
+        dtype=CPU_DTYPE,  # as the tests' workers run it (tests/conftest.py)
         gpu_memory_utilization=0.08,
         enforce_eager=True,
         max_num_seqs=16,

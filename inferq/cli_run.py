@@ -121,6 +121,7 @@ def _run(local: LocalRun, batch_id: str, *, state: Path, model: str) -> None:
     started = time.monotonic()
     first = local.progress(batch_id)
     console.print(f"loading {model} ...")
+    engine = local.load_engine()
     with progress_bar() as bar:
         task = bar.add_task("run", total=first.total, completed=first.done, failed=0, rate=0.0)
 
@@ -129,7 +130,7 @@ def _run(local: LocalRun, batch_id: str, *, state: Path, model: str) -> None:
             rate = (now.output_tokens - first.output_tokens) / elapsed
             bar.update(task, completed=now.done, failed=now.failed, rate=rate)
 
-        finished = local.run(batch_id, stop=stop, on_progress=show)
+        finished = local.run(batch_id, engine=engine, stop=stop, on_progress=show)
     signal.signal(signal.SIGINT, previous)
     last = local.progress(batch_id)
     wall = time.monotonic() - started

@@ -51,6 +51,14 @@ class EngineError(InferqError):
     """The inference engine failed."""
 
 
+class PreflightFailed(InferqError):
+    """This host cannot run the configured engine; the message says which setting to change."""
+
+
+class EngineStartFailed(EngineError):
+    """vLLM's engine did not start."""
+
+
 class RequestRejected(EngineError):
     """The engine refused one request; the others are unaffected."""
 

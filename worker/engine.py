@@ -52,7 +52,9 @@ class Engine(Protocol):
 
 
 def build_engine(settings: Settings) -> Engine:
-    """Build the configured engine. This is where the model is loaded: slow, done once."""
+    """Build the configured engine. This is where the model is loaded: slow, done once.
+    `settings` come from `inferq.preflight.engine_settings` (the KV cache sized); a failed
+    start raises `EngineStartFailed`, which says why in one line."""
     if settings.engine == "instant":
         from worker.instant_engine import InstantEngine
 

@@ -20,6 +20,7 @@ from inferq.db.jobs import JobStore
 from inferq.db.migrate import check_schema
 from inferq.events import JobEvents
 from inferq.exceptions import InferqError
+from inferq.preflight import engine_settings
 from inferq.settings import Settings
 from inferq.workers import WorkerRegistry
 from worker.cancellations import CancelListener
@@ -80,6 +81,8 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
     publisher = JobPublisher.from_settings(settings)
     store = JobStore(sessions, on_webhooks=publisher.publish_webhooks)
     redis = Redis.from_url(settings.redis_url)
+    # Before anything loads: one line and a non-zero exit if this host cannot run the model.
+    settings = engine_settings(settings)
     engine = build_engine(settings)
     runtime = GpuRuntime.from_settings(
         settings,

@@ -26,10 +26,11 @@ from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from inferq.exceptions import EngineError, RequestRejected
+from inferq.exceptions import EngineError, EngineStartFailed, RequestRejected
 from inferq.jobs import Choice, JobResult, SamplingParams, TokenLogprob
 from inferq.settings import Settings
 from worker.engine import EngineRequest, Finished
+from worker.engine_output import HeldOutput, start_failure
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,9 @@ def engine_args(settings: Settings) -> dict[str, Any]:
     optional = {
         "max_model_len": settings.max_model_len,
         "max_num_batched_tokens": settings.max_num_batched_tokens,
+        "kv_cache_memory_bytes": (
+            None if settings.kv_cache_memory_bytes is None else int(settings.kv_cache_memory_bytes)
+        ),
         "quantization": settings.quantization,
     }
     args.update({k: v for k, v in optional.items() if v is not None})
@@ -83,10 +87,26 @@ class VllmEngine:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> VllmEngine:
+        """Load the model; `EngineStartFailed` with vLLM's reason in one line if it fails
+        (its whole output goes to the debug log)."""
         args = engine_args(settings)
         log.info("loading %s into vLLM", settings.model, extra={"engine_args": args})
+        failure: Exception | None = None
+        with HeldOutput() as output:
+            try:
+                llm = LLM(**args)
+            except Exception as exc:  # noqa: BLE001  # any failure: said in one line below
+                failure = exc
+        if failure is not None:
+            held = output.text()
+            log.debug("vLLM's output while starting:\n%s", held, exc_info=failure)
+            raise EngineStartFailed(
+                f"vLLM could not start {settings.model}: {start_failure(failure, held)} "
+                "(`inferq doctor` checks this host; INFERQ_LOG_LEVEL=DEBUG shows vLLM's output)"
+            ) from failure
+        output.release()
         return cls(
-            LLM(**args),
+            llm,
             step_timeout_s=settings.engine_step_timeout_s,
             fault_kill_engine_seed=settings.fault_kill_engine_seed,
         )

@@ -25,10 +25,10 @@ pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _env(cache: Path) -> dict[str, str]:
+def _env(cache: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
     # The demo model is built once into the tests' cache, not the user's.
-    return {**env, "XDG_CACHE_HOME": str(cache), "PYTHONUNBUFFERED": "1"}
+    return {**env, "XDG_CACHE_HOME": str(cache), "PYTHONUNBUFFERED": "1", **(extra or {})}
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +36,13 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("cache")
 
 
-def _start(args: list[str], *, cache: Path, log: Path) -> subprocess.Popen[bytes]:
+def _start(
+    args: list[str], *, cache: Path, log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen(
             [*INFERQ, "run", *args],
-            env=_env(cache),
+            env=_env(cache, env),
             cwd=ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -166,3 +168,47 @@ def test_a_state_file_of_another_input_is_refused(
     assert _finish(run, log) == 2
     assert "belongs to another input file, or other options (a.txt)" in log.read_text()
     assert _rows(state).keys() == {1}  # b.txt's line was not added
+
+
+def _said_in_one_line(log: Path, *texts: str) -> str:
+    """The line of the run's output that says all of `texts`; no traceback anywhere."""
+    said = log.read_text()
+    assert "Traceback" not in said, said[-4000:]
+    assert "Engine core initialization failed" not in said, said[-4000:]
+    lines = [line for line in said.splitlines() if all(text in line for text in texts)]
+    assert len(lines) == 1, said[-4000:]
+    return lines[0]
+
+
+def test_a_kv_cache_this_host_cannot_hold_is_refused_before_the_engine_loads(
+    cache: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "run.log"
+    run = _start(
+        ["examples/prompts.jsonl", "--model", "demo", "-o", str(tmp_path / "out.jsonl")],
+        cache=cache,
+        log=log,
+        env={"INFERQ_KV_CACHE_MEMORY_BYTES": "1TiB"},
+    )
+    assert _finish(run, log, timeout_s=120) == 2
+    line = _said_in_one_line(log, "inferq: INFERQ_KV_CACHE_MEMORY_BYTES asks for 1024.00 GiB")
+    assert "lower it to at most" in line
+    assert "loading demo" in log.read_text()
+    assert "vLLM could not start" not in log.read_text()  # vLLM was never started
+
+
+def test_an_engine_that_fails_to_start_says_why_in_one_line(cache: Path, tmp_path: Path) -> None:
+    # Past every preflight check, vLLM's engine core refuses a cache of one block: its
+    # reason is in the child process's output, which the user never has to read.
+    log = tmp_path / "run.log"
+    run = _start(
+        ["examples/prompts.jsonl", "--model", "demo", "-o", str(tmp_path / "out.jsonl")],
+        cache=cache,
+        log=log,
+        env={"INFERQ_ENGINE_EXTRA_ARGS": '{"num_gpu_blocks_override": 1}'},
+    )
+    assert _finish(run, log, timeout_s=300) == 2
+    line = _said_in_one_line(log, "inferq: vLLM could not start")
+    assert "No available memory for the cache blocks" in line
+    assert "inferq doctor" in line
+    assert len(log.read_text().splitlines()) < 10, log.read_text()

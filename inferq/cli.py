@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import logging
+from typing import TYPE_CHECKING, Annotated, Any
 
 import httpx
 import typer
@@ -11,6 +12,9 @@ from inferq.cli_batch import batch_app
 from inferq.cli_run import run
 from inferq.logs import configure_logging
 from inferq.settings import Settings
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_show_locals=False
@@ -207,6 +211,32 @@ def health_maintenance() -> None:
     typer.echo(f"maintenance ran {age_s:.0f} s ago")
 
 
+@app.command()
+def doctor() -> None:
+    """Check this host: Postgres, Redis, workers, the model, GPUs, memory, ports.
+
+    One line per check; each failing line says how to fix it. Exit status 1 if any fails.
+    """
+    from pydantic import ValidationError
+
+    from inferq.doctor import run_checks
+
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        typer.echo(f"FAIL  {'settings':<10} {_settings_problems(exc)}")
+        raise typer.Exit(1) from exc
+    configure_logging("ERROR", json_lines=False)
+    for chatty in ("huggingface_hub", "transformers"):  # retries of a download, say
+        logging.getLogger(chatty).setLevel(logging.ERROR)
+    failed = False
+    for check in run_checks(settings):
+        failed |= not check.ok
+        typer.echo(f"{'ok' if check.ok else 'FAIL':<5} {check.name:<10} {check.detail}")
+    if failed:
+        raise typer.Exit(1)
+
+
 @app.command("settings")
 def show_settings(
     markdown: Annotated[bool, typer.Option(help="Print the table of all settings.")] = False,
@@ -217,17 +247,11 @@ def show_settings(
     if markdown:
         typer.echo(settings_table())
         return
+    from inferq.settings import redact_url
+
     for name, value in Settings().model_dump().items():
-        typer.echo(f"INFERQ_{name.upper()}={_hide_password(value)}")
-
-
-def _hide_password(value: object) -> object:
-    if isinstance(value, str) and "://" in value and "@" in value:
-        scheme, rest = value.split("://", 1)
-        credentials, host = rest.rsplit("@", 1)
-        user = credentials.split(":", 1)[0]
-        return f"{scheme}://{user}:***@{host}" if ":" in credentials else value
-    return value
+        shown = redact_url(value) if isinstance(value, str) else value
+        typer.echo(f"INFERQ_{name.upper()}={shown}")
 
 
 @app.command()
@@ -306,12 +330,14 @@ def main() -> None:
         typer.echo(f"inferq: {exc.message}", err=True)
         raise SystemExit(2) from exc
     except ValidationError as exc:
-        problems = "; ".join(
-            f"INFERQ_{'_'.join(map(str, e['loc'])).upper() or '*'}: {e['msg']}"
-            for e in exc.errors()
-        )
-        typer.echo(f"inferq: invalid settings: {problems}", err=True)
+        typer.echo(f"inferq: invalid settings: {_settings_problems(exc)}", err=True)
         raise SystemExit(2) from exc
+
+
+def _settings_problems(exc: ValidationError) -> str:
+    return "; ".join(
+        f"INFERQ_{'_'.join(map(str, e['loc'])).upper() or '*'}: {e['msg']}" for e in exc.errors()
+    )
 
 
 if __name__ == "__main__":

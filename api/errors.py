@@ -146,7 +146,7 @@ def _http_error(request: Request, exc: Exception) -> JSONResponse:
     if status == 400:
         # FastAPI's answer to a body it cannot decode (not UTF-8, say): the same 422 as
         # malformed JSON, so clients meet one status for one kind of mistake.
-        status, message = 422, "the request body is not valid UTF-8 JSON"
+        status, message = 422, "the request body is not valid UTF-8 JSON, or is nested too deeply"
     elif status == 405:
         headers["Allow"] = ", ".join(_allowed_methods(request))
     code = {413: "request_too_large", 422: "invalid_json"}.get(status)

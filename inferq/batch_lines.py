@@ -8,6 +8,7 @@ custom_id and the parameter; the caller decides what a bad line means for the ba
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -28,6 +29,8 @@ from inferq.requests import (
 )
 
 CHUNK_LINES = 256
+# Python's JSON parser recurses once a level and stops near the interpreter's limit.
+MAX_JSON_DEPTH = sys.getrecursionlimit()
 MAX_CUSTOM_ID_CHARS = 512
 
 
@@ -111,6 +114,14 @@ class BatchLineReader:
         except ValueError as exc:
             raise _Refused(
                 "invalid_json_line", number, None, f"line {number} is not valid JSON: {exc}"
+            ) from exc
+        except RecursionError as exc:  # valid JSON, but deeper than the parser will go
+            raise _Refused(
+                "invalid_json_line",
+                number,
+                None,
+                f"line {number} is nested too deeply (over {MAX_JSON_DEPTH} levels) to be "
+                "a request",
             ) from exc
         custom_id = data.get("custom_id") if isinstance(data, dict) else None
         where = f"line {number}" + (f" (custom_id {custom_id!r})" if custom_id else "")

@@ -3,6 +3,7 @@ and read its files. Used by the API, the maintenance worker and `inferq run`."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterator
 
@@ -88,9 +89,18 @@ class BatchOperations:
             )
             return self.batches.create_failed(new, [error], then=then)
         reader = BatchLineReader(self._validator, endpoint=endpoint)
+        lines = reader.read(self.files.lines(input_file_id))
+        first = next(lines, None)
+        if first is None:
+            error = LineError(
+                code="empty_file",
+                message=f"file {input_file_id} has no requests (only blank lines): put one "
+                "JSON request per line",
+            )
+            return self.batches.create_failed(new, [error], then=then)
         batch = self.batches.create(
             new,
-            reader.read(self.files.lines(input_file_id)),
+            itertools.chain([first], lines),
             requeue_after_s=self._requeue_after_s,
             max_errors=MAX_LISTED_ERRORS,
             then=then,

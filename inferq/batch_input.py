@@ -19,6 +19,19 @@ from typing import Any
 from inferq.batches import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
 from inferq.exceptions import InvalidRequest
 
+MAX_LISTED_PROBLEMS = 100
+
+
+class BadInput(InvalidRequest):
+    """The file cannot be run as it is; `problems` says why, a line each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        shown = problems[:MAX_LISTED_PROBLEMS]
+        if len(problems) > len(shown):
+            shown.append(f"... and {len(problems) - len(shown)} more")
+        super().__init__("\n".join(shown))
+        self.problems = shown
+
 
 @dataclass(frozen=True, kw_only=True)
 class Defaults:
@@ -45,7 +58,7 @@ def prepare(source: Path, defaults: Defaults, *, workdir: Path) -> InputFile:
     if parsed is not None and {"custom_id", "body"} <= set(parsed):
         url = parsed.get("url")
         if url not in (CHAT_ENDPOINT, COMPLETIONS_ENDPOINT):
-            raise InvalidRequest(f"{source}: line 1 has url {url!r}, not a batch endpoint")
+            raise BadInput([f"{source}: line 1 has url {url!r}, not a batch endpoint"])
         return InputFile(source, str(url), _count_lines(source))
     target = workdir / f"{source.stem}.batch.jsonl"
     if parsed is not None:
@@ -58,19 +71,25 @@ def prepare(source: Path, defaults: Defaults, *, workdir: Path) -> InputFile:
 
 
 def _from_objects(source: Path, defaults: Defaults, *, chat: bool) -> Iterator[dict[str, Any]]:
+    """The converted lines; every line that cannot be converted is named at the end."""
     kind = "messages" if chat else "prompt"
+    problems = []
     for number, raw in _numbered(source):
         item = _json_object(raw)
         if item is None:
-            raise InvalidRequest(f"{source}: line {number} is not a JSON object")
+            problems.append(f"{source}: line {number} is not a JSON object")
+            continue
         if kind not in item:
-            raise InvalidRequest(
+            problems.append(
                 f"{source}: line {number} has no {kind!r} (the file's first line has one; "
                 "a file is all prompts or all chats)"
             )
+            continue
         custom_id = str(item.pop("custom_id", None) or item.pop("id", None) or f"line-{number}")
         body = {"model": defaults.model, **defaults.sampling, **item}
         yield _line(custom_id, body, chat=chat)
+    if problems:
+        raise BadInput(problems)
 
 
 def _from_text(source: Path, defaults: Defaults) -> Iterator[dict[str, Any]]:
@@ -104,7 +123,7 @@ def _write(target: Path, lines: Iterator[dict[str, Any]]) -> int:
             out.write(json.dumps(line, ensure_ascii=False) + "\n")
             count += 1
     if not count:
-        raise InvalidRequest("the file has no prompts")
+        raise BadInput(["the file has no prompts"])
     return count
 
 
@@ -115,15 +134,13 @@ def _numbered(source: Path) -> Iterator[tuple[int, str]]:
                 if raw.strip():
                     yield number, raw.rstrip("\n")
     except UnicodeDecodeError as exc:
-        raise InvalidRequest(
-            f"{source} is not valid UTF-8 ({exc.reason} at byte {exc.start})"
-        ) from exc
+        raise BadInput([f"{source} is not valid UTF-8 ({exc.reason} at byte {exc.start})"]) from exc
 
 
 def _first_line(source: Path) -> str:
     for _, raw in _numbered(source):
         return raw
-    raise InvalidRequest(f"{source} is empty")
+    raise BadInput([f"{source} is empty"])
 
 
 def _count_lines(source: Path) -> int:
@@ -133,6 +150,6 @@ def _count_lines(source: Path) -> int:
 def _json_object(raw: str) -> dict[str, Any] | None:
     try:
         value = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # the line's own check says why, per line
         return None
     return value if isinstance(value, dict) else None

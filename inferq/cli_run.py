@@ -9,11 +9,11 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
-from inferq.batch_input import Defaults, prepare
+from inferq.batch_input import BadInput, Defaults, prepare
 from inferq.batches import BatchStatus
 from inferq.cli_batch import (
     ChatOption,
@@ -85,17 +85,17 @@ def run(
     local = LocalRun(settings, state=state)
     try:
         with tempfile.TemporaryDirectory() as workdir:
-            ready = prepare(
-                file,
-                Defaults(model=settings.model_name, sampling=sampling, chat=chat),
-                workdir=Path(workdir),
-            )
+            try:
+                ready = prepare(
+                    file,
+                    Defaults(model=settings.model_name, sampling=sampling, chat=chat),
+                    workdir=Path(workdir),
+                )
+            except BadInput as exc:
+                _refuse(file, exc.problems)
             batch = local.open_batch(ready.path, endpoint=ready.endpoint, name=file.name)
         if batch.status is BatchStatus.FAILED:
-            for error in batch.errors:
-                typer.echo(f"  {error.message}", err=True)
-            typer.echo(f"inferq: {file} has lines that cannot run; nothing ran", err=True)
-            raise typer.Exit(1)
+            _refuse(file, [error.message for error in batch.errors])
         _run(local, batch.id, state=state, model=settings.model_name)
         results, errors = local.write_results(batch.id, output)
         done = local.progress(batch.id)
@@ -106,6 +106,13 @@ def run(
         typer.echo(f"errors:  {errors}", err=True)
     if done.failed:
         raise typer.Exit(1)
+
+
+def _refuse(file: Path, problems: list[str]) -> NoReturn:
+    for problem in problems:
+        typer.echo(f"  {problem}", err=True)
+    typer.echo(f"inferq: {file} has lines that cannot run; nothing ran", err=True)
+    raise typer.Exit(1)
 
 
 def _run(local: LocalRun, batch_id: str, *, state: Path, model: str) -> None:

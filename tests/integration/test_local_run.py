@@ -212,3 +212,28 @@ def test_an_engine_that_fails_to_start_says_why_in_one_line(cache: Path, tmp_pat
     assert "No available memory for the cache blocks" in line
     assert "inferq doctor" in line
     assert len(log.read_text().splitlines()) < 10, log.read_text()
+
+
+@pytest.mark.parametrize("shape", ["prompt objects", "batch lines"])
+def test_a_bad_file_is_reported_line_by_line_and_nothing_runs(
+    cache: Path, tmp_path: Path, shape: str
+) -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    if shape == "prompt objects":
+        lines = ['{"prompt": "fine"}', deep, '{"messages": []}', '{"prompt": "also fine"}']
+        expected = ["line 2 is not a JSON object", "line 3 has no 'prompt'"]
+    else:
+        body = {"model": "demo", "prompt": "hi", "max_tokens": 4}
+        good = {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": body}
+        lines = [json.dumps(good), deep, json.dumps({**good, "custom_id": 7})]
+        expected = ["line 2 is nested too deeply", "line 3 (custom_id 7): custom_id"]
+    source, log = tmp_path / "bad.jsonl", tmp_path / "run.log"
+    source.write_text("\n".join(lines) + "\n")
+    run = _start([str(source), "--model", "demo"], cache=cache, log=log)
+    assert _finish(run, log, timeout_s=120) == 1
+    said = log.read_text()
+    assert "Traceback" not in said, said[-4000:]
+    for words in expected:
+        assert words in said, said[-4000:]
+    assert f"inferq: {source} has lines that cannot run; nothing ran" in said
+    assert "loading demo" not in said

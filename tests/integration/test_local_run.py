@@ -180,17 +180,18 @@ def _said_in_one_line(log: Path, *texts: str) -> str:
     return lines[0]
 
 
+def _failed_example(cache: Path, tmp_path: Path, env: dict[str, str]) -> Path:
+    """The README's example run with `env`, which must fail with exit status 2: its log."""
+    log = tmp_path / "run.log"
+    args = ["examples/prompts.jsonl", "--model", "demo", "-o", str(tmp_path / "out.jsonl")]
+    assert _finish(_start(args, cache=cache, log=log, env=env), log, timeout_s=300) == 2
+    return log
+
+
 def test_a_kv_cache_this_host_cannot_hold_is_refused_before_the_engine_loads(
     cache: Path, tmp_path: Path
 ) -> None:
-    log = tmp_path / "run.log"
-    run = _start(
-        ["examples/prompts.jsonl", "--model", "demo", "-o", str(tmp_path / "out.jsonl")],
-        cache=cache,
-        log=log,
-        env={"INFERQ_KV_CACHE_MEMORY_BYTES": "1TiB"},
-    )
-    assert _finish(run, log, timeout_s=120) == 2
+    log = _failed_example(cache, tmp_path, {"INFERQ_KV_CACHE_MEMORY_BYTES": "1TiB"})
     line = _said_in_one_line(log, "inferq: INFERQ_KV_CACHE_MEMORY_BYTES asks for 1024.00 GiB")
     assert "lower it to at most" in line
     assert "loading demo" in log.read_text()
@@ -200,14 +201,9 @@ def test_a_kv_cache_this_host_cannot_hold_is_refused_before_the_engine_loads(
 def test_an_engine_that_fails_to_start_says_why_in_one_line(cache: Path, tmp_path: Path) -> None:
     # Past every preflight check, vLLM's engine core refuses a cache of one block: its
     # reason is in the child process's output, which the user never has to read.
-    log = tmp_path / "run.log"
-    run = _start(
-        ["examples/prompts.jsonl", "--model", "demo", "-o", str(tmp_path / "out.jsonl")],
-        cache=cache,
-        log=log,
-        env={"INFERQ_ENGINE_EXTRA_ARGS": '{"num_gpu_blocks_override": 1}'},
+    log = _failed_example(
+        cache, tmp_path, {"INFERQ_ENGINE_EXTRA_ARGS": '{"num_gpu_blocks_override": 1}'}
     )
-    assert _finish(run, log, timeout_s=300) == 2
     line = _said_in_one_line(log, "inferq: vLLM could not start")
     assert "No available memory for the cache blocks" in line
     assert "inferq doctor" in line

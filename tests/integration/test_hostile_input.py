@@ -340,3 +340,33 @@ def test_a_refused_submission_leaves_nothing_behind(stack: Stack) -> None:
             assert retried.status_code in (200, 202), retried.text
         jobs = raw.get("/v1/jobs").json()["data"]
         assert len(jobs) == 1  # the corrected job alone: the refused one left no row
+
+
+AWKWARD_URLS = (
+    "not a url",
+    "http://[::1",
+    "http://" + "a" * 5000 + ".example.com/",
+    "ftp://example.com/hook",
+    "javascript:alert(1)",
+    "http://example.com:99999/",
+    "http://exa mple.com/",
+    "http://\u0000.example.com/",
+    "http://10.1.2.3/hook",  # private (the test stack allows 127.0.0.1 alone)
+    "http://169.254.169.254/latest/meta-data",
+    "https://例え.テスト/フック",
+)
+
+
+def test_awkward_webhook_urls_get_a_4xx(stack: Stack) -> None:
+    with stack.client() as client:
+        for url in AWKWARD_URLS:
+            on_job = client.post("/v1/jobs", json={"prompt": "hi", "webhook_url": url})
+            on_endpoint = client.post("/v1/webhook-endpoints", json={"url": url})
+            for response in (on_job, on_endpoint):
+                assert response.status_code < 500, (url[:40], response.text[:300])
+                if response.status_code >= 400:
+                    _assert_refused_cleanly(response)
+            # Nothing private or malformed is ever accepted as a receiver.
+            if "例え" not in url:
+                assert on_job.status_code == 422, (url[:40], on_job.text[:300])
+                assert on_endpoint.status_code == 422, (url[:40], on_endpoint.text[:300])

@@ -113,7 +113,7 @@ def _engine(settings: Settings) -> Iterator[Check]:
     except PreflightFailed as exc:
         yield Check("memory", False, exc.message)
         return
-    yield Check("memory", True, f"KV cache {plan.kv.how}")
+    yield Check("memory", True, f"KV cache {plan.how}")
 
 
 def _gpus(settings: Settings, device: str) -> Check:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from inferq.exceptions import PreflightFailed
@@ -28,25 +28,17 @@ WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
 BF16_COMPUTE_CAPABILITY = (8, 0)
 
 
-@dataclass(frozen=True, kw_only=True)
-class EnginePlan:
-    device: Device
-    shape: ModelShape
-    memory: Memory
-    kv: KvCachePlan
-
-
 def engine_settings(settings: Settings) -> Settings:
     """`settings` with the KV cache sized for this host; `PreflightFailed` if it cannot run.
     Done once, before the first engine: a rebuilt engine gets the same size."""
     if settings.engine != "vllm":
         return settings
     plan = plan_engine(settings)
-    log.info("KV cache: %s", plan.kv.how)
-    return settings.model_copy(update={"kv_cache_memory_bytes": plan.kv.kv_cache_bytes})
+    log.info("KV cache: %s", plan.how)
+    return settings.model_copy(update={"kv_cache_memory_bytes": plan.kv_cache_bytes})
 
 
-def plan_engine(settings: Settings, *, shape: ModelShape | None = None) -> EnginePlan:
+def plan_engine(settings: Settings, *, shape: ModelShape | None = None) -> KvCachePlan:
     """Everything checked, and the KV cache sized; `shape` if the model was read already."""
     device = installed_device()
     check_dtype(settings.dtype)
@@ -64,7 +56,7 @@ def plan_engine(settings: Settings, *, shape: ModelShape | None = None) -> Engin
         # Each GPU of a tensor-parallel group holds its share of the weights.
         per_gpu = shape.weights_bytes // settings.tensor_parallel_size
         shape = replace(shape, weights_bytes=per_gpu)
-    kv = plan_kv_cache(
+    return plan_kv_cache(
         shape=shape,
         device=device,
         memory=memory,
@@ -73,7 +65,6 @@ def plan_engine(settings: Settings, *, shape: ModelShape | None = None) -> Engin
         explicit_bytes=explicit_kv_cache_bytes(settings),
         gpu_memory_utilization=settings.gpu_memory_utilization,
     )
-    return EnginePlan(device=device, shape=shape, memory=memory, kv=kv)
 
 
 def installed_device() -> Device:

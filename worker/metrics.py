@@ -10,6 +10,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from inferq.host import NvmlUnavailable, gpus
+
 log = logging.getLogger(__name__)
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600)
@@ -111,14 +113,11 @@ class GpuCollector(Collector):
 
 
 def gpu_names() -> list[str]:
-    """The GPUs NVML sees; empty on a host without NVIDIA's driver."""
-    nvml = _nvml()
-    if nvml is None:
+    """The GPUs this worker sees; empty on a host without NVIDIA's driver."""
+    try:
+        return [gpu.name for gpu in gpus()]
+    except NvmlUnavailable:
         return []
-    return [
-        str(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i)))
-        for i in range(nvml.nvmlDeviceGetCount())
-    ]
 
 
 def register_gpu_collector(registry: CollectorRegistry = REGISTRY) -> bool:

@@ -25,6 +25,16 @@ class Authenticator:
         self._cache: dict[str, tuple[float, Principal]] = {}
         self._lock = threading.Lock()
 
+    def cached(self, secret: str | None) -> Principal | None:
+        """The caller, if that needs no database read (None: call `principal`)."""
+        if not self._enabled:
+            return DEVELOPMENT_PRINCIPAL
+        with self._lock:
+            cached = self._cache.get((secret or "").strip())
+        if cached is not None and time.monotonic() - cached[0] < self._cache_s:
+            return cached[1]
+        return None
+
     def principal(self, secret: str | None) -> Principal:
         """The caller holding this bearer secret (None when no credentials were sent)."""
         if not self._enabled:

@@ -10,7 +10,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from api.schemas import BatchEvent, not_null
 from inferq.batches import ENDPOINTS, Batch, BatchStatus, StoredFile
-from inferq.requests import Metadata
+from inferq.requests import Metadata, Priority
 
 
 def _ts(value: datetime | None) -> int | None:
@@ -68,6 +68,7 @@ class BatchCreate(BaseModel):
         "('90m', '30s') up to 168h.",
     )
     metadata: Metadata | None = None
+    priority: Priority = 0
     webhook_url: str | SkipJsonSchema[None] = Field(
         None,
         max_length=2048,
@@ -142,6 +143,7 @@ class BatchPublic(BaseModel):
     request_counts: RequestCountsPublic
     usage: BatchUsagePublic
     metadata: dict[str, str] | None
+    priority: int = Field(0, description="inferq's addition: its lines' priority.")
 
     @classmethod
     def from_batch(cls, batch: Batch) -> BatchPublic:
@@ -149,6 +151,7 @@ class BatchPublic(BaseModel):
             id=batch.id,
             endpoint=batch.endpoint,
             model=batch.model,
+            priority=batch.priority,
             errors=BatchErrors(data=[BatchErrorPublic(**e.to_dict()) for e in batch.errors])
             if batch.errors
             else None,

@@ -8,18 +8,22 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from redis import Redis
+from starlette.concurrency import run_in_threadpool
 
 from api.auth import Authenticator
+from api.grouping import Grouped
 from api.ratelimit import RateLimiter
 from api.waiter import JobWaiter
 from inferq.batch_ops import BatchOperations
 from inferq.celery_app import JobPublisher
 from inferq.db.files import FileStore
 from inferq.db.idempotency import IdempotencyStore
-from inferq.db.jobs import JobStore
+from inferq.db.jobs import JobStore, NewJob
 from inferq.db.keys import KeyStore
 from inferq.db.webhooks import WebhookStore
 from inferq.events import JobEvents
+from inferq.job_ops import JobOperations
+from inferq.jobs import Job
 from inferq.keys import Principal
 from inferq.queues import QueueMonitor
 from inferq.requests import JobValidator
@@ -47,9 +51,14 @@ class Services:
     files: FileStore
     webhooks: WebhookStore
     batch_ops: BatchOperations
+    job_ops: JobOperations
+    # Concurrent submissions and reads, each group in one transaction (api/grouping.py).
+    submit: Grouped[NewJob, Job]
+    read: Grouped[tuple[str, str | None], Job]
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
+    # async: FastAPI runs a plain `def` dependency in a worker thread.
     services: Services = request.app.state.services
     return services
 
@@ -60,15 +69,17 @@ ServicesDep = Annotated[Services, Depends(get_services)]
 _bearer = HTTPBearer(auto_error=False, description="An inferq API key.")
 
 
-def current_principal(
+async def current_principal(
     services: ServicesDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
     """The caller, authenticated and counted against its requests-per-minute limit."""
-    principal = services.authenticator.principal(
-        credentials.credentials if credentials is not None else None
-    )
-    services.rate_limiter.request(principal)
+    secret = credentials.credentials if credentials is not None else None
+    # A known key is answered from memory, on the event loop; only a lookup takes a thread.
+    principal = services.authenticator.cached(secret)
+    if principal is None:
+        principal = await run_in_threadpool(services.authenticator.principal, secret)
+    await services.rate_limiter.request(principal)
     return principal
 
 

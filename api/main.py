@@ -15,9 +15,11 @@ from api.auth import Authenticator
 from api.bodysize import BodySizeLimit
 from api.deps import Services
 from api.errors import register_error_handlers
+from api.grouping import Grouped
 from api.metrics import ApiMetrics, QueueCollector, RequestMetrics
 from api.ratelimit import RateLimiter
 from api.routes import batches, files, health, jobs, models, status, webhooks
+from api.schemas import JobPublic
 from api.urlcheck import RefuseNulInUrl
 from api.waiter import JobWaiter
 from inferq import __version__
@@ -32,6 +34,7 @@ from inferq.db.keys import KeyStore
 from inferq.db.migrate import check_schema
 from inferq.db.webhooks import WebhookStore
 from inferq.events import JobEvents
+from inferq.job_ops import JobOperations
 from inferq.prompts import PromptRenderer
 from inferq.queues import QueueMonitor
 from inferq.requests import JobValidator
@@ -39,6 +42,9 @@ from inferq.settings import Settings
 from inferq.workers import WorkerRegistry
 
 log = logging.getLogger(__name__)
+
+# Most submissions (or reads) written in one transaction.
+MAX_GROUP = 256
 
 
 def build_services(settings: Settings) -> Services:
@@ -58,9 +64,20 @@ def build_services(settings: Settings) -> Services:
     publisher = JobPublisher.from_settings(settings)
     events = JobEvents(redis, key_prefix=prefix)
     files = FileStore(sessions)
+    store = JobStore(sessions, on_webhooks=publisher.publish_webhooks)
+    queues = QueueMonitor(redis, key_prefix=prefix)
+    job_ops = JobOperations(
+        store=store,
+        publisher=publisher,
+        events=events,
+        queues=queues,
+        high_water=settings.interactive_high_water,
+        requeue_after_s=settings.requeue_after_s,
+        respond=lambda job: JobPublic.from_job(job).model_dump(mode="json"),
+    )
     return Services(
         settings=settings,
-        store=JobStore(sessions, on_webhooks=publisher.publish_webhooks),
+        store=store,
         publisher=publisher,
         validator=validator,
         events=events,
@@ -76,7 +93,7 @@ def build_services(settings: Settings) -> Services:
             default_rpm=settings.rate_limit_rpm,
             default_tpm=settings.rate_limit_tpm,
         ),
-        queues=QueueMonitor(redis, key_prefix=prefix),
+        queues=queues,
         idempotency=IdempotencyStore(sessions),
         workers=WorkerRegistry(redis, key_prefix=prefix),
         files=files,
@@ -91,6 +108,9 @@ def build_services(settings: Settings) -> Services:
             max_lines=settings.max_batch_lines,
             requeue_after_s=settings.requeue_after_s,
         ),
+        job_ops=job_ops,
+        submit=Grouped(job_ops.submit, max_items=MAX_GROUP),
+        read=Grouped(job_ops.get_many, max_items=MAX_GROUP),
     )
 
 

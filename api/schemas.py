@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from inferq.jobs import Choice, Job, JobStatus
-from inferq.requests import ChatMessage, Metadata, SamplingFields
+from inferq.requests import ChatMessage, Metadata, Priority, SamplingFields
 
 JobEvent = Literal["job.succeeded", "job.failed", "job.cancelled"]
 BatchEvent = Literal["batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]
@@ -29,6 +29,7 @@ class JobCreate(SamplingFields):
         None, min_length=1, description="A chat, rendered with the model's chat template."
     )
     metadata: Metadata = Field(default_factory=dict)
+    priority: Priority = 0
     webhook_url: str | SkipJsonSchema[None] = Field(
         None,
         max_length=2048,
@@ -100,6 +101,7 @@ class JobPublic(BaseModel):
     attempts: int = Field(description="Times a worker took the job (more than 1 after a crash).")
     params: dict[str, Any] = Field(description="The sampling parameters in effect.")
     metadata: dict[str, Any]
+    priority: int = Field(description="Lower runs first; 0 is the default.")
     choices: list[ChoicePublic] | None = Field(description="The output, once succeeded.")
     usage: Usage | None
     error: JobErrorPublic | None
@@ -127,6 +129,7 @@ class JobPublic(BaseModel):
             attempts=job.attempts,
             params=job.sampling.to_dict(),
             metadata=job.metadata,
+            priority=job.priority,
             choices=None
             if result is None
             else [ChoicePublic.from_choice(c) for c in result.choices],

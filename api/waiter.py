@@ -1,28 +1,44 @@
-"""Long-poll support: wakes requests waiting on a job when the worker reports it done."""
+"""Long-poll support: wakes requests waiting on a job when the worker reports it done.
+
+Each job's end is announced on a channel of its own (`inferq.events`). An API process
+subscribes to a job's channel only while a request waits on it, on one pub/sub connection
+shared by every waiting request, so it hears of its own jobs and nothing else.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections import defaultdict
-from collections.abc import Iterator
+import secrets
+from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 
-from inferq.events import decode_ids, done_channel
+from inferq.constants import API_CHANNEL
+from inferq.events import done_channel
 
 log = logging.getLogger(__name__)
 
+# How long a watch waits for Redis to confirm its subscription before it reads the job
+# anyway (it then relies on the re-read timer, as when Redis is down).
+SUBSCRIBE_TIMEOUT_S = 1.0
+RECONNECT_S = 1.0
+
 
 class JobWaiter:
-    """One pub/sub subscription per API process, fanned out to every waiting request."""
+    """Subscriptions to the channels of the jobs this process's requests wait on."""
 
     def __init__(self, redis: Redis, *, key_prefix: str) -> None:
         self._redis = redis
-        self._channel = done_channel(key_prefix)
-        self._watchers: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
+        self._key_prefix = key_prefix
+        # Always subscribed, so the listener blocks on the socket even with nobody waiting.
+        self._own_channel = f"{key_prefix}{API_CHANNEL}:{secrets.token_hex(8)}"
+        self._watchers: dict[str, set[asyncio.Event]] = {}
+        self._confirmations: dict[str, asyncio.Future[None]] = {}
+        self._pubsub: PubSub | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -34,34 +50,80 @@ class JobWaiter:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    @contextlib.contextmanager
-    def watch(self, job_id: str) -> Iterator[asyncio.Event]:
-        """An event set whenever `job_id` is reported finished while the block runs."""
+    @contextlib.asynccontextmanager
+    async def watch(self, job_id: str) -> AsyncIterator[asyncio.Event]:
+        """An event set whenever `job_id` is reported finished while the block runs; the
+        subscription is in place (or Redis is unreachable) when the block starts."""
+        channel = done_channel(self._key_prefix, job_id)
         event = asyncio.Event()
-        self._watchers[job_id].add(event)
+        watchers = self._watchers.setdefault(channel, set())
+        first = not watchers
+        watchers.add(event)
         try:
+            if first:
+                await self._subscribe(channel)
+            elif (confirmation := self._confirmations.get(channel)) is not None:
+                await asyncio.wait([confirmation], timeout=SUBSCRIBE_TIMEOUT_S)
             yield event
         finally:
-            watchers = self._watchers.get(job_id)
-            if watchers is not None:
-                watchers.discard(event)
-                if not watchers:
-                    del self._watchers[job_id]
+            watchers.discard(event)
+            if not watchers and self._watchers.get(channel) is watchers:
+                del self._watchers[channel]
+                await self._unsubscribe(channel)
 
-    def _notify(self, job_ids: list[str]) -> None:
-        for job_id in job_ids:
-            for event in self._watchers.get(job_id, ()):
+    async def _subscribe(self, channel: str) -> None:
+        pubsub = self._pubsub
+        if pubsub is None:
+            return
+        confirmation = asyncio.get_running_loop().create_future()
+        self._confirmations[channel] = confirmation
+        try:
+            await pubsub.subscribe(channel)
+            await asyncio.wait([confirmation], timeout=SUBSCRIBE_TIMEOUT_S)
+        except RedisError as exc:
+            log.debug("cannot subscribe to %s: %s", channel, exc)
+        finally:
+            if self._confirmations.get(channel) is confirmation:
+                del self._confirmations[channel]
+
+    async def _unsubscribe(self, channel: str) -> None:
+        if self._pubsub is None:
+            return
+        try:
+            await self._pubsub.unsubscribe(channel)
+        except RedisError as exc:
+            log.debug("cannot unsubscribe from %s: %s", channel, exc)
+
+    def _on_message(self, message: dict[str, object]) -> None:
+        channel = message["channel"]
+        name = channel.decode() if isinstance(channel, bytes) else str(channel)
+        if message["type"] == "message":
+            for event in self._watchers.get(name, ()):
                 event.set()
+        elif message["type"] == "subscribe":
+            confirmation = self._confirmations.get(name)
+            if confirmation is not None and not confirmation.done():
+                confirmation.set_result(None)
 
     async def _listen(self) -> None:
         while True:
+            pubsub = self._redis.pubsub()
             try:
-                async with self._redis.pubsub(ignore_subscribe_messages=True) as pubsub:
-                    await pubsub.subscribe(self._channel)
-                    async for message in pubsub.listen():
-                        if message["type"] == "message":
-                            self._notify(decode_ids(message["data"]))
+                # Channels watched before a reconnect are subscribed again with this one.
+                await pubsub.subscribe(self._own_channel, *self._watchers)
+                self._pubsub = pubsub
+                while True:
+                    message = await pubsub.get_message(timeout=None)
+                    if message is not None:
+                        self._on_message(message)
             except RedisError as exc:
                 # Waiters re-read Postgres every second anyway; this only costs latency.
                 log.warning("job waiter lost Redis (%s); resubscribing", exc)
-                await asyncio.sleep(1)
+            finally:
+                self._pubsub = None
+                for confirmation in self._confirmations.values():
+                    if not confirmation.done():
+                        confirmation.set_result(None)
+                with contextlib.suppress(RedisError):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await asyncio.sleep(RECONNECT_S)

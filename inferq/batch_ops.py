@@ -56,6 +56,7 @@ class BatchOperations:
         completion_window: str,
         metadata: dict[str, str],
         webhook: WebhookRequest | None = None,
+        priority: int = 0,
         then: Callable[[Session, Batch], None] | None = None,
     ) -> Batch:
         """Check every line of the file and queue a job per line, or fail the batch with
@@ -80,6 +81,7 @@ class BatchOperations:
             model=self._model_name,
             metadata=metadata,
             webhook=webhook,
+            priority=priority,
         )
         if source.lines > self._max_lines:
             error = LineError(

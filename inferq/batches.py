@@ -118,6 +118,7 @@ class Batch:
     cancelling_at: datetime | None = None
     cancelled_at: datetime | None = None
     model: str | None = None
+    priority: int = 0
     counts: RequestCounts = field(default_factory=RequestCounts)
     usage: BatchUsage = field(default_factory=BatchUsage)
 

@@ -27,6 +27,10 @@ from inferq.settings import Settings
 
 log = logging.getLogger(__name__)
 
+# Most single jobs one message carries (they are published together when they are
+# submitted together, see api/grouping.py).
+INTERACTIVE_CHUNK_SIZE = 16
+
 # Every queue hangs off the default (nameless) exchange with its own name as routing key.
 # kombu's Redis transport looks other exchanges up in binding keys it keeps in Redis;
 # if Redis loses its data those keys are gone and messages are silently dead-lettered.
@@ -55,6 +59,9 @@ def make_celery(settings: Settings, *, name: str = "inferq") -> Celery:
         broker_transport_options={
             "visibility_timeout": settings.visibility_timeout_s,
             "global_keyprefix": settings.redis_key_prefix,
+            # A worker with a free slot takes a waiting single job before a batch chunk
+            # (the queues in the order the worker names them), not in turn.
+            "queue_order_strategy": "priority",
         },
         broker_connection_retry_on_startup=True,
         task_queues=[_queue(q) for q in (*GPU_QUEUES, *SERVICE_QUEUES)],
@@ -66,9 +73,12 @@ def make_celery(settings: Settings, *, name: str = "inferq") -> Celery:
         task_default_queue=INTERACTIVE_QUEUE,
         task_default_exchange="",
         task_create_missing_queues=False,
-        # Events feed Flower: which worker ran which job, for how long.
-        worker_send_task_events=True,
-        task_send_sent_event=True,
+        # Task events feed only Flower, and cost four Redis commands a message: workers
+        # send them once Flower asks (it broadcasts `enable_events` when it starts and
+        # every 5 s after; they stay on until the worker restarts), and publishers never
+        # send "task-sent".
+        worker_send_task_events=False,
+        task_send_sent_event=False,
         worker_hijack_root_logger=False,
         worker_redirect_stdouts=False,
     )
@@ -88,8 +98,12 @@ class JobPublisher:
         return cls(app or make_celery(settings), bulk_chunk_size=settings.effective_bulk_chunk_size)
 
     def publish_interactive(self, job_ids: Sequence[str]) -> None:
-        for job_id in job_ids:
-            self._send([job_id], INTERACTIVE_QUEUE)
+        """Jobs submitted together, a few to a message: fewer messages for the worker to
+        take, while several workers still share a burst."""
+        size = INTERACTIVE_CHUNK_SIZE
+        with _broker_errors(), self._app.producer_or_acquire() as producer:
+            for start in range(0, len(job_ids), size):
+                self._send(list(job_ids[start : start + size]), INTERACTIVE_QUEUE, producer)
 
     def publish_bulk(self, job_ids: Sequence[str]) -> None:
         size = self._bulk_chunk_size

@@ -21,6 +21,10 @@ DELIVER_WEBHOOKS_TASK: Final = "inferq.deliver_webhooks"
 # Redis keys and channels, each under `Settings.redis_key_prefix`.
 JOBS_DONE_CHANNEL: Final = "jobs:done"
 JOBS_CANCEL_CHANNEL: Final = "jobs:cancel"
+# Single jobs just submitted, offered to workers whose message slots are all held.
+JOBS_SUBMITTED_CHANNEL: Final = "jobs:submitted"
+# Each API process subscribes to a channel of its own (a name plus a random suffix).
+API_CHANNEL: Final = "api"
 # Set once by maintenance; if it is gone, Redis lost its data and every queued job is
 # published again from Postgres.
 EPOCH_KEY: Final = "epoch"

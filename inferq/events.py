@@ -1,7 +1,10 @@
-"""Job events over Redis pub/sub: "finished" wakes long-polls, "cancelled" reaches workers.
+"""Job events over Redis pub/sub: "finished" wakes long-polls, "cancelled" reaches workers,
+"submitted" offers new single jobs to workers (see worker/runtime.py).
 
-Pub/sub is a hint that saves latency, never the truth: whoever listens also re-reads
-Postgres on a timer, so a lost message costs a second, not a job.
+A job's end is published on a channel of its own, so Redis delivers it only to the API
+processes that have a request waiting on that job (they subscribe while it waits), not to
+every API process. Pub/sub is a hint that saves latency, never the truth: whoever listens
+also re-reads Postgres on a timer, so a lost message costs a second, not a job.
 """
 
 from __future__ import annotations
@@ -14,17 +17,22 @@ from typing import Protocol
 from redis import Redis
 from redis.exceptions import RedisError
 
-from inferq.constants import JOBS_CANCEL_CHANNEL, JOBS_DONE_CHANNEL
+from inferq.constants import JOBS_CANCEL_CHANNEL, JOBS_DONE_CHANNEL, JOBS_SUBMITTED_CHANNEL
 
 log = logging.getLogger(__name__)
 
 
-def done_channel(key_prefix: str) -> str:
-    return key_prefix + JOBS_DONE_CHANNEL
+def done_channel(key_prefix: str, job_id: str) -> str:
+    """The channel on which `job_id`'s end is announced."""
+    return f"{key_prefix}{JOBS_DONE_CHANNEL}:{job_id}"
 
 
 def cancel_channel(key_prefix: str) -> str:
     return key_prefix + JOBS_CANCEL_CHANNEL
+
+
+def submitted_channel(key_prefix: str) -> str:
+    return key_prefix + JOBS_SUBMITTED_CHANNEL
 
 
 def decode_ids(data: bytes | str) -> list[str]:
@@ -43,19 +51,34 @@ class JobEvents:
 
     def __init__(self, redis: Redis, *, key_prefix: str) -> None:
         self._redis = redis
-        self._done = done_channel(key_prefix)
+        self._key_prefix = key_prefix
         self._cancel = cancel_channel(key_prefix)
+        self._submitted = submitted_channel(key_prefix)
 
     def finished(self, job_ids: Sequence[str]) -> None:
-        self._publish(self._done, job_ids)
-
-    def cancelled(self, job_ids: Sequence[str]) -> None:
-        self._publish(self._cancel, job_ids)
-        self._publish(self._done, job_ids)
-
-    def _publish(self, channel: str, job_ids: Sequence[str]) -> None:
+        """Announce each job on its own channel, all in one round trip."""
         if not job_ids:
             return
+        try:
+            with self._redis.pipeline(transaction=False) as pipe:
+                for job_id in job_ids:
+                    pipe.publish(done_channel(self._key_prefix, job_id), b"")
+                pipe.execute()
+        except RedisError as exc:
+            log.warning("could not announce %d finished jobs: %s", len(job_ids), exc)
+
+    def submitted(self, job_ids: Sequence[str]) -> None:
+        """Offer single jobs, just published, to every worker."""
+        self._publish(self._submitted, job_ids)
+
+    def cancelled(self, job_ids: Sequence[str]) -> None:
+        """Tell every worker (one message for all) and wake whoever waits on each job."""
+        if not job_ids:
+            return
+        self._publish(self._cancel, job_ids)
+        self.finished(job_ids)
+
+    def _publish(self, channel: str, job_ids: Sequence[str]) -> None:
         try:
             self._redis.publish(channel, json.dumps(list(job_ids)))
         except RedisError as exc:

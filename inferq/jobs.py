@@ -69,6 +69,19 @@ class SamplingParams:
 _SAMPLING_FIELDS = dataclasses.fields(SamplingParams)
 
 
+# A job's own `priority`: 0 (the default, and the most urgent a client may ask for) to
+# MAX_PRIORITY; lower runs first, as in vLLM. A client can only put its own work behind
+# others', never ahead of them.
+MAX_PRIORITY = 9
+# Batch lines come after every single job, whatever either's own priority.
+_BULK_PRIORITY_OFFSET = MAX_PRIORITY + 1
+
+
+def engine_priority(priority: int, *, interactive: bool) -> int:
+    """The priority the engine schedules by: single jobs first, then the job's own."""
+    return priority if interactive else _BULK_PRIORITY_OFFSET + priority
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
     """A validated request, ready to be written: the prompt is already tokenized."""
@@ -79,6 +92,7 @@ class JobSpec:
     prompt_token_ids: Sequence[int]
     sampling: SamplingParams
     metadata: dict[str, Any] = field(default_factory=dict)
+    priority: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,6 +194,7 @@ class Job:
     error: JobError | None = None
     batch_id: str | None = None
     custom_id: str | None = None
+    priority: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,6 +206,7 @@ class ClaimedJob:
     sampling: SamplingParams
     created_at: datetime
     batch_id: str | None = None
+    priority: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

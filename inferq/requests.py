@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from inferq.exceptions import InvalidRequest
-from inferq.jobs import JobSpec, SamplingParams
+from inferq.jobs import MAX_PRIORITY, JobSpec, SamplingParams
 from inferq.prompts import PromptRenderer
 
 MAX_STOP_SEQUENCES = 16
@@ -31,6 +31,18 @@ Metadata = Annotated[
         max_length=MAX_METADATA_PAIRS,
         description=f"Up to {MAX_METADATA_PAIRS} string pairs (keys up to "
         f"{MAX_METADATA_KEY_CHARS} characters, values up to {MAX_METADATA_VALUE_CHARS}).",
+    ),
+]
+
+
+Priority = Annotated[
+    int,
+    Field(
+        ge=0,
+        le=MAX_PRIORITY,
+        description=f"0 (the default) to {MAX_PRIORITY}: lower runs first, as in vLLM. It "
+        "orders your work behind others' at the default; single jobs always go before "
+        "batch lines, which a single job's priority cannot change.",
     ),
 ]
 

@@ -49,7 +49,15 @@ class Settings(BaseSettings):
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Fraction of GPU memory vLLM may use (not used on a CPU)."
     )
-    max_num_seqs: int = Field(256, ge=1, description="Most sequences in flight in the engine.")
+    max_num_seqs: int = Field(
+        256, ge=1, description="Most sequences in flight in the engine for batch lines."
+    )
+    interactive_seqs: int | None = Field(
+        None,
+        ge=0,
+        description="Engine slots on top of max_num_seqs that only single jobs use, so one "
+        "never waits for a full engine of batch lines; max_num_seqs / 8 (at least 1) if unset.",
+    )
     kv_cache_memory_bytes: ByteSize | None = Field(
         None,
         description="KV-cache size (`4GiB`, `512MiB` or bytes). Unset: on a CPU, what "
@@ -103,7 +111,8 @@ class Settings(BaseSettings):
     worker_concurrency: int | None = Field(
         None,
         ge=1,
-        description="Messages a GPU worker holds at once; max_num_seqs + max_batch_size if unset.",
+        description="Messages a GPU worker holds at once; max_num_seqs + interactive_seqs + "
+        "max_batch_size if unset.",
     )
     bulk_chunk_size: int | None = Field(
         None,
@@ -303,8 +312,19 @@ class Settings(BaseSettings):
         return self.tokenizer or self.model
 
     @property
+    def effective_interactive_seqs(self) -> int:
+        if self.interactive_seqs is not None:
+            return self.interactive_seqs
+        return max(1, self.max_num_seqs // 8)
+
+    @property
+    def engine_max_num_seqs(self) -> int:
+        """The engine's own `max_num_seqs`: batch lines' slots plus single jobs'."""
+        return self.max_num_seqs + self.effective_interactive_seqs
+
+    @property
     def effective_worker_concurrency(self) -> int:
-        return self.worker_concurrency or self.max_num_seqs + self.max_batch_size
+        return self.worker_concurrency or self.engine_max_num_seqs + self.max_batch_size
 
     @property
     def effective_bulk_chunk_size(self) -> int:

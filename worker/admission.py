@@ -1,23 +1,30 @@
 """The admission policy: which pending requests enter the engine, and when.
 
-Requests wait here until the engine has room. An idle engine waits up to
-`max_batch_delay_ms` for a micro-batch of `max_batch_size` to gather, so the first
-prefill is shared; a busy engine takes whatever is pending at every step, so it never
-waits for a batch to finish before admitting more. Interactive requests go first.
+Requests wait here until the engine has room, taken in the order of their engine
+priority (lower first: single jobs before batch lines, then each job's own `priority`,
+then arrival). Bulk work fills the engine up to `max_num_seqs`; interactive work may go
+past that into the slots kept for it (`interactive_seqs`), so a single job never waits
+for a full engine of batch lines to drain: inside the engine, vLLM's priority scheduler
+runs it ahead of them and preempts them if the KV cache runs short.
+
+An idle engine waits up to `max_batch_delay_ms` for a micro-batch of bulk work to
+gather, so the first prefill is shared; a single job never waits for that, and a busy
+engine takes whatever is pending at every step.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Collection, Sequence
 
 from worker.engine import EngineRequest
 
 
 class AdmissionQueue:
-    """Pending requests, interactive before bulk, each in arrival order. Thread-safe."""
+    """Pending requests in engine-priority order. Thread-safe."""
 
     def __init__(
         self,
@@ -29,19 +36,25 @@ class AdmissionQueue:
         self._max_batch_size = max_batch_size
         self._max_batch_delay_s = max_batch_delay_ms / 1000
         self._clock = clock
-        self._interactive: deque[EngineRequest] = deque()
-        self._bulk: deque[EngineRequest] = deque()
+        # (batch line?, priority, arrival, request): a heap, single jobs first.
+        self._pending: list[tuple[bool, int, int, EngineRequest]] = []
+        self._arrivals = itertools.count()
+        self._interactive = 0
         self._oldest_at: float | None = None
         self._changed = threading.Condition()
 
     def __len__(self) -> int:
-        return len(self._interactive) + len(self._bulk)
+        return len(self._pending)
 
     def put(self, requests: Sequence[EngineRequest], *, interactive: bool) -> None:
         if not requests:
             return
         with self._changed:
-            (self._interactive if interactive else self._bulk).extend(requests)
+            for request in requests:
+                entry = (not interactive, request.priority, next(self._arrivals), request)
+                heapq.heappush(self._pending, entry)
+            if interactive:
+                self._interactive += len(requests)
             if self._oldest_at is None:
                 self._oldest_at = self._clock()
             self._changed.notify_all()
@@ -49,20 +62,21 @@ class AdmissionQueue:
     def remove(self, job_ids: Collection[str]) -> list[EngineRequest]:
         """Take these jobs out if they are still pending; return those removed."""
         with self._changed:
-            removed = [r for r in (*self._interactive, *self._bulk) if r.job_id in job_ids]
+            removed = [e for e in self._pending if e[3].job_id in job_ids]
             if removed:
-                self._interactive = deque(r for r in self._interactive if r.job_id not in job_ids)
-                self._bulk = deque(r for r in self._bulk if r.job_id not in job_ids)
-                if not self:
+                self._pending = [e for e in self._pending if e[3].job_id not in job_ids]
+                heapq.heapify(self._pending)
+                self._interactive -= sum(1 for e in removed if not e[0])
+                if not self._pending:
                     self._oldest_at = None
-            return removed
+            return [e[3] for e in sorted(removed)]
 
     def drain(self) -> list[EngineRequest]:
         """Take everything pending (at shutdown)."""
         with self._changed:
-            pending = [*self._interactive, *self._bulk]
-            self._interactive.clear()
-            self._bulk.clear()
+            pending = [e[3] for e in sorted(self._pending)]
+            self._pending.clear()
+            self._interactive = 0
             self._oldest_at = None
             return pending
 
@@ -71,14 +85,18 @@ class AdmissionQueue:
         with self._changed:
             self._changed.notify_all()
 
-    def take(self, room: int, *, idle: bool, timeout_s: float) -> list[EngineRequest]:
-        """Up to `min(room, max_batch_size)` requests.
+    def take(
+        self, room: int, *, interactive_room: int | None = None, idle: bool, timeout_s: float
+    ) -> list[EngineRequest]:
+        """Up to `max_batch_size` requests: bulk ones while fewer than `room` are taken,
+        interactive ones while fewer than `interactive_room` (default: `room`).
 
         With `idle` set (the engine has nothing in flight) wait up to `timeout_s` for the
-        first request, then up to `max_batch_delay_ms` from its arrival for a full
-        micro-batch. Otherwise return at once with whatever is pending.
+        first request, then, unless a single job is pending, up to `max_batch_delay_ms`
+        from its arrival for a full micro-batch. Otherwise return at once.
         """
-        limit = min(room, self._max_batch_size)
+        interactive_room = room if interactive_room is None else interactive_room
+        limit = min(max(room, interactive_room), self._max_batch_size)
         if limit <= 0:
             return []
         with self._changed:
@@ -86,18 +104,24 @@ class AdmissionQueue:
                 deadline = self._clock() + timeout_s
                 while not self and self._changed.wait(max(0.0, deadline - self._clock())):
                     pass
-                while self and len(self) < limit:
+                while self and not self._interactive and len(self) < limit:
                     assert self._oldest_at is not None
                     left = self._oldest_at + self._max_batch_delay_s - self._clock()
                     if left <= 0 or not self._changed.wait(left):
                         break
-            return self._pop(limit)
+            return self._pop(
+                min(room, self._max_batch_size), min(interactive_room, self._max_batch_size)
+            )
 
-    def _pop(self, limit: int) -> list[EngineRequest]:
+    def _pop(self, room: int, interactive_room: int) -> list[EngineRequest]:
         taken: list[EngineRequest] = []
-        for source in (self._interactive, self._bulk):
-            while source and len(taken) < limit:
-                taken.append(source.popleft())
-        if not self:
+        while self._pending:
+            bulk, _, _, request = self._pending[0]
+            if len(taken) >= (room if bulk else interactive_room):
+                break
+            heapq.heappop(self._pending)
+            self._interactive -= not bulk
+            taken.append(request)
+        if not self._pending:
             self._oldest_at = None
         return taken

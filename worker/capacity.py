@@ -8,6 +8,7 @@ cancelling it is free and another worker could still have it. Interactive tasks 
 from __future__ import annotations
 
 import threading
+import time
 
 
 class CapacityGate:
@@ -24,17 +25,23 @@ class CapacityGate:
     def used(self) -> int:
         return self._used
 
-    def acquire(self, count: int, *, interactive: bool) -> bool:
-        """Wait for room for `count` jobs; False if the gate closed (shutdown) meanwhile.
+    def acquire(self, count: int, *, interactive: bool, timeout_s: float | None = None) -> bool:
+        """Wait for room for `count` jobs; False if the gate closed (shutdown) meanwhile,
+        or `timeout_s` passed first.
 
         A request larger than the whole gate gets in when the worker holds nothing.
         """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._changed:
             if interactive:
                 self._interactive_waiting += 1
             try:
                 while not self._closed and not self._fits(count, interactive=interactive):
-                    self._changed.wait()
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and (left <= 0 or not self._changed.wait(left)):
+                        return False
+                    if left is None:
+                        self._changed.wait()
                 if self._closed:
                     return False
                 self._used += count

@@ -19,6 +19,8 @@ class EngineRequest:
     prompt_token_ids: list[int]
     sampling: SamplingParams
     created_at: datetime | None = None
+    # vLLM's priority: lower is scheduled first (see inferq.jobs.engine_priority).
+    priority: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -52,6 +52,7 @@ class EngineLoop:
         on_fatal: Callable[[BaseException], None],
         metrics: WorkerMetrics,
         max_num_seqs: int,
+        interactive_seqs: int = 0,
         max_engine_deaths: int = 3,
     ) -> None:
         self._engine = engine
@@ -60,6 +61,7 @@ class EngineLoop:
         self._on_outcome = on_outcome
         self._on_fatal = on_fatal
         self._max_num_seqs = max_num_seqs
+        self._interactive_seqs = interactive_seqs
         self._max_engine_deaths = max_engine_deaths
         self._metrics = metrics
         self._stats_at = 0.0
@@ -135,7 +137,12 @@ class EngineLoop:
                 self._admit(request)
             return
         room = self._max_num_seqs - len(self._in_flight)
-        batch = self._admission.take(room, idle=not self._in_flight, timeout_s=IDLE_POLL_S)
+        batch = self._admission.take(
+            room,
+            interactive_room=room + self._interactive_seqs,
+            idle=not self._in_flight,
+            timeout_s=IDLE_POLL_S,
+        )
         for request in batch:
             self._admit(request)
         if batch:

@@ -23,9 +23,9 @@ from inferq.exceptions import InferqError
 from inferq.preflight import engine_settings
 from inferq.settings import Settings
 from inferq.workers import WorkerRegistry
-from worker.cancellations import CancelListener
 from worker.engine import build_engine
 from worker.heartbeat import Heartbeat
+from worker.job_events import JobEventListener
 from worker.metrics import WorkerMetrics, gpu_names, register_gpu_collector
 from worker.runtime import GpuRuntime
 from worker.tasks import register_gpu_tasks
@@ -94,7 +94,7 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
         metrics=metrics,
         on_batch_lines_done=_batch_finisher(BatchStore(sessions), publisher),
     )
-    cancels = CancelListener(redis, key_prefix=settings.redis_key_prefix, runtime=runtime)
+    cancels = JobEventListener(redis, key_prefix=settings.redis_key_prefix, runtime=runtime)
     app = make_celery(settings)
     # SIGINT/SIGQUIT (cold shutdown) wait as long as the drain does before cancelling.
     app.conf.worker_soft_shutdown_timeout = settings.drain_timeout_s

@@ -37,7 +37,8 @@ from inferq.constants import (
     MAINTENANCE_LAST_RUN_KEY,
     MAINTENANCE_LOCK_KEY,
 )
-from inferq.db.jobs import DueJob, JobStore, utcnow
+from inferq.db.jobs import DueJob, JobStore
+from inferq.db.support import utcnow
 
 log = logging.getLogger(__name__)
 

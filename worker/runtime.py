@@ -3,6 +3,12 @@
 A task claims its jobs in Postgres, hands them to the admission queue and blocks until
 the writer has committed their outcomes; only then does Celery acknowledge the message.
 
+Single jobs are also offered by pub/sub the moment they are submitted. They are taken that
+way only when every Celery slot of this worker is held by a message already (batch lines
+waiting for engine room, say), where their own messages could not be fetched until one
+of those ends: the worker claims them straight from Postgres, and their messages, when
+they come, find them taken and are acknowledged. The messages stay the durable path.
+
 On shutdown the runtime drains: nothing new is admitted, jobs not yet in the engine go
 back to queued at once, jobs in the engine get `drain_timeout_s` to finish, and whatever
 is left is aborted and goes back too. A task whose jobs went back raises `JobsReturned`,
@@ -16,13 +22,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from inferq.db.jobs import JobStore
 from inferq.events import FinishedJobs
 from inferq.exceptions import JobsReturned, StoreUnavailable
-from inferq.jobs import ClaimedJob, JobOutcome
+from inferq.jobs import ClaimedJob, JobOutcome, engine_priority
 from inferq.settings import Settings
 from worker.admission import AdmissionQueue
 from worker.capacity import CapacityGate
@@ -35,6 +42,10 @@ log = logging.getLogger(__name__)
 
 MAX_CLAIM_BACKOFF_S = 5.0
 DRAIN_POLL_S = 0.1
+# How long a single job offered by pub/sub may wait for room here before this worker
+# leaves it to its Celery message.
+OFFER_WAIT_S = 2.0
+OFFER_THREADS = 4
 
 
 class Ticket:
@@ -94,9 +105,11 @@ class GpuRuntime:
         events: FinishedJobs,
         worker_name: str,
         max_num_seqs: int,
+        interactive_seqs: int = 0,
         max_batch_size: int,
         max_batch_delay_ms: int,
         max_held_jobs: int,
+        max_messages: int,
         result_flush_ms: int,
         lease_s: int,
         requeue_after_s: int,
@@ -127,10 +140,14 @@ class GpuRuntime:
             on_fatal=on_fatal,
             metrics=metrics,
             max_num_seqs=max_num_seqs,
+            interactive_seqs=interactive_seqs,
             max_engine_deaths=max_engine_deaths,
         )
         self._tickets: dict[str, Ticket] = {}
         self._gate = CapacityGate(max_held_jobs)
+        self._max_messages = max_messages
+        self._tasks = 0  # Celery tasks inside `run`: each holds a message slot
+        self._offers = ThreadPoolExecutor(OFFER_THREADS, thread_name_prefix="offers")
         # Job ids of tasks waiting at the gate: delivered here, not yet claimed.
         self._waiting: dict[int, list[str]] = {}
         self._lock = threading.Lock()
@@ -159,10 +176,12 @@ class GpuRuntime:
             events=events,
             worker_name=worker_name,
             max_num_seqs=settings.max_num_seqs,
+            interactive_seqs=settings.effective_interactive_seqs,
             max_batch_size=settings.max_batch_size,
             max_batch_delay_ms=settings.max_batch_delay_ms,
             # Claim what the engine will soon run: a full engine plus a micro-batch waiting.
-            max_held_jobs=settings.max_num_seqs + settings.max_batch_size,
+            max_held_jobs=settings.engine_max_num_seqs + settings.max_batch_size,
+            max_messages=settings.effective_worker_concurrency,
             result_flush_ms=settings.result_flush_ms,
             lease_s=settings.lease_s,
             requeue_after_s=settings.requeue_after_s,
@@ -179,6 +198,7 @@ class GpuRuntime:
 
     def stop(self) -> None:
         self._stopping.set()
+        self._offers.shutdown(wait=False, cancel_futures=True)
         self.loop.stop()
         self._writer.stop()
         self._lease_thread.join(5)
@@ -196,9 +216,49 @@ class GpuRuntime:
         if self._draining.is_set():
             raise JobsReturned("the worker is shutting down")
         with self._lock:
+            self._tasks += 1
+        try:
+            self._run(job_ids, interactive=interactive)
+        finally:
+            with self._lock:
+                self._tasks -= 1
+
+    def offer(self, job_ids: Sequence[str]) -> None:
+        """Single jobs just submitted (see the module doc); returns at once."""
+        with self._lock:
+            saturated = self._tasks >= self._max_messages
+        if saturated and not self._draining.is_set() and not self._stopping.is_set():
+            self._offers.submit(self._take_offered, list(job_ids))
+
+    def _take_offered(self, job_ids: list[str]) -> None:
+        with self._lock:
+            fresh = [j for j in job_ids if j not in self._tickets]
+        if not fresh or not self._gate.acquire(
+            len(fresh), interactive=True, timeout_s=OFFER_WAIT_S
+        ):
+            return
+        try:
+            claimed = self._store.claim_jobs(fresh, worker=self.worker_name, lease_s=self._lease_s)
+        except StoreUnavailable:
+            claimed = []  # their messages will bring them
+        self._gate.release(len(fresh) - len(claimed))
+        if claimed:
+            log.debug("took %d single jobs offered while every message slot was held", len(claimed))
+        self._admit(claimed, interactive=True)
+
+    def _run(self, job_ids: Sequence[str], *, interactive: bool) -> None:
+        with self._lock:
             known = [self._tickets[j] for j in job_ids if j in self._tickets]
             fresh = [j for j in job_ids if j not in self._tickets]
         claimed = self._take(fresh, interactive=interactive) if fresh else []
+        tickets = self._admit(claimed, interactive=interactive)
+        for ticket in (*known, *tickets):
+            ticket.done.wait()
+        if any(ticket.returned for ticket in (*known, *tickets)):
+            raise JobsReturned(f"{len(job_ids)} jobs went back to the queue")
+
+    def _admit(self, claimed: Sequence[ClaimedJob], *, interactive: bool) -> list[Ticket]:
+        """Tickets for jobs just claimed, and the jobs into the admission queue."""
         tickets = []
         with self._lock:
             for job in claimed:
@@ -211,6 +271,7 @@ class GpuRuntime:
                     prompt_token_ids=job.prompt_token_ids,
                     sampling=job.sampling,
                     created_at=job.created_at,
+                    priority=engine_priority(job.priority, interactive=interactive),
                 )
                 for job in claimed
             ],
@@ -219,10 +280,7 @@ class GpuRuntime:
         if self._draining.is_set():  # the drain may have missed jobs claimed just now
             stranded = self.admission.remove({job.id for job in claimed})
             self._give_back([r.job_id for r in stranded])
-        for ticket in (*known, *tickets):
-            ticket.done.wait()
-        if any(ticket.returned for ticket in (*known, *tickets)):
-            raise JobsReturned(f"{len(job_ids)} jobs went back to the queue")
+        return tickets
 
     def drain(self, timeout_s: float) -> None:
         """Stop taking work, let jobs in the engine finish (up to `timeout_s`), give back

@@ -42,7 +42,10 @@ def engine_args(settings: Settings) -> dict[str, Any]:
         "tokenizer": settings.tokenizer_name,
         "served_model_name": settings.model_name,
         "gpu_memory_utilization": settings.gpu_memory_utilization,
-        "max_num_seqs": settings.max_num_seqs,
+        "max_num_seqs": settings.engine_max_num_seqs,
+        # Single jobs go ahead of batch lines inside the engine (EngineRequest.priority),
+        # preempting them when the KV cache runs short.
+        "scheduling_policy": "priority",
         "tensor_parallel_size": settings.tensor_parallel_size,
         "dtype": settings.dtype,
         "enable_prefix_caching": settings.enable_prefix_caching,
@@ -121,6 +124,7 @@ class VllmEngine:
                 request.job_id,
                 {"prompt_token_ids": request.prompt_token_ids},
                 _sampling_params(request.sampling),
+                priority=request.priority,
             )
         except EngineDeadError as exc:
             raise EngineError(str(exc)) from exc

@@ -51,6 +51,7 @@ def create_batch(
             completion_window=body.completion_window,
             metadata=body.metadata or {},
             webhook=webhook,
+            priority=body.priority,
             then=remember,
         )
     except BaseException:

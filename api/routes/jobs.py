@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, ParamSpec, TypeVar
 
 from fastapi import APIRouter, Query, Response
 from fastapi.responses import JSONResponse
-from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import PrincipalDep, Services, ServicesDep
@@ -19,27 +20,25 @@ from api.errors import error_responses
 from api.idempotency import IdempotencyKey, replay, request_hash
 from api.routes.webhooks import webhook_request
 from api.schemas import JobCreate, JobList, JobPublic
-from inferq.constants import INTERACTIVE_QUEUE
-from inferq.db.idempotency import IdempotentRequest, record_response
-from inferq.exceptions import BrokerUnavailable, RetryLater
-from inferq.jobs import Job, JobSpec, JobStatus
-from inferq.keys import Principal
-from inferq.webhooks import WebhookRequest
+from inferq.db.idempotency import IdempotentRequest
+from inferq.db.jobs import NewJob
+from inferq.jobs import JobSpec, JobStatus
 
+P = ParamSpec("P")
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401, 429, 503))
 
-# How long a client refused for a full queue should wait before it tries again.
-QUEUE_FULL_RETRY_S = 10
-
 # A waiting request re-reads Postgres this often even without a pub/sub wake-up.
 RECHECK_S = 1.0
+# Prompts longer than this are tokenized in a worker thread, not on the event loop.
+INLINE_PROMPT_CHARS = 8192
 
 
 @router.post(
     "", status_code=202, response_model=JobPublic, responses=error_responses(409, 413, 422)
 )
-def create_job(
+async def create_job(
     body: JobCreate,
     services: ServicesDep,
     principal: PrincipalDep,
@@ -47,6 +46,44 @@ def create_job(
     idempotency_key: IdempotencyKey = None,
 ) -> JobPublic | JSONResponse:
     """Submit a generation job; poll its `url` for the result."""
+    spec = await _maybe_in_thread(_prompt_chars(body) > INLINE_PROMPT_CHARS, _spec, services, body)
+    # Checking a webhook URL may resolve its host name: not on the event loop.
+    webhook = await _maybe_in_thread(
+        body.webhook_url is not None,
+        webhook_request,
+        services,
+        body.webhook_url,
+        body.webhook_events,
+    )
+    request = None
+    if idempotency_key is not None:
+        request = IdempotentRequest(key_id=principal.key_id, key=idempotency_key)
+        stored = await run_in_threadpool(
+            functools.partial(
+                services.idempotency.begin,
+                request,
+                request_hash=request_hash(body),
+                ttl_s=services.settings.idempotency_ttl_s,
+            )
+        )
+        if stored is not None:
+            return replay(stored, location=stored.body.get("url"))
+    try:
+        await services.rate_limiter.tokens(
+            principal, len(spec.prompt_token_ids) + spec.sampling.max_tokens * spec.sampling.n
+        )
+        job = await services.submit(
+            NewJob(spec=spec, tenant=principal.tenant, webhook=webhook, idempotency=request)
+        )
+    except BaseException:
+        if request is not None:
+            await run_in_threadpool(services.idempotency.abandon, request)
+        raise
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return JobPublic.from_job(job)
+
+
+def _spec(services: Services, body: JobCreate) -> JobSpec:
     spec = services.validator.spec(
         model=body.model,
         prompt=body.prompt,
@@ -54,69 +91,21 @@ def create_job(
         sampling=body,
         metadata=body.metadata,
     )
-    webhook = webhook_request(services, body.webhook_url, body.webhook_events)
-    request = None
-    if idempotency_key is not None:
-        request = IdempotentRequest(key_id=principal.key_id, key=idempotency_key)
-        stored = services.idempotency.begin(
-            request, request_hash=request_hash(body), ttl_s=services.settings.idempotency_ttl_s
-        )
-        if stored is not None:
-            return replay(stored, location=stored.body.get("url"))
-    try:
-        job = _create(services, principal, spec, request, webhook)
-    except BaseException:
-        if request is not None:
-            services.idempotency.abandon(request)
-        raise
-    try:
-        services.publisher.publish_interactive([job.id])
-    except BrokerUnavailable as exc:
-        # The job is safe in Postgres; maintenance publishes it once Redis is back.
-        log.warning("job %s is stored but not yet published: %s", job.id, exc.message)
-        services.store.mark_unpublished([job.id])
-    log.info(
-        "accepted job %s",
-        job.id,
-        extra={"job_id": job.id, "tenant": principal.tenant},
-    )
-    response.headers["Location"] = f"/v1/jobs/{job.id}"
-    return JobPublic.from_job(job)
+    return dataclasses.replace(spec, priority=body.priority)
 
 
-def _create(
-    services: Services,
-    principal: Principal,
-    spec: JobSpec,
-    request: IdempotentRequest | None,
-    webhook: WebhookRequest | None,
-) -> Job:
-    depth = services.queues.depth(INTERACTIVE_QUEUE)
-    if depth >= services.settings.interactive_high_water:
-        raise RetryLater(
-            f"the interactive queue holds {depth} jobs, over its limit of "
-            f"{services.settings.interactive_high_water}: retry later, or send bulk work as a "
-            "batch file (/v1/batches), which is always accepted",
-            retry_after_s=QUEUE_FULL_RETRY_S,
-            code="queue_full",
-        )
-    services.rate_limiter.tokens(
-        principal, len(spec.prompt_token_ids) + spec.sampling.max_tokens * spec.sampling.n
-    )
+def _prompt_chars(body: JobCreate) -> int:
+    if body.prompt is not None:
+        return len(body.prompt)
+    return sum(len(str(m.content)) for m in body.messages or ())
 
-    def remember(session: Session, jobs: list[Job]) -> None:
-        if request is not None:
-            body = JobPublic.from_job(jobs[0]).model_dump(mode="json")
-            record_response(session, request, status_code=202, body=body)
 
-    return services.store.create_jobs(
-        [spec],
-        tenant=principal.tenant,
-        queue=INTERACTIVE_QUEUE,
-        requeue_after_s=services.settings.requeue_after_s,
-        webhook=webhook,
-        then=remember,
-    )[0]
+async def _maybe_in_thread(
+    in_thread: bool, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs
+) -> T:
+    if in_thread:
+        return await run_in_threadpool(call, *args, **kwargs)
+    return call(*args, **kwargs)
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=error_responses(404, 422))
@@ -135,20 +124,23 @@ async def get_job(
 ) -> JobPublic:
     """A job's state and, once it has ended, its result or error."""
     deadline = time.monotonic() + min(wait, services.settings.max_wait_s)
-    read = functools.partial(services.store.get_job, job_id, scope=principal.scope)
-    with services.waiter.watch(job_id) as finished:
-        job = await run_in_threadpool(read)
+    read = (job_id, principal.scope)
+    if wait <= 0:
+        return JobPublic.from_job(await services.read(read))
+    async with services.waiter.watch(job_id) as finished:
+        # Read only once the subscription is in place, so no announced end is missed.
+        job = await services.read(read)
         while not job.status.is_terminal and (left := deadline - time.monotonic()) > 0:
             finished.clear()
             try:
                 await _wait_for(finished, min(left, RECHECK_S))
             finally:
-                job = await run_in_threadpool(read)
+                job = await services.read(read)
     return JobPublic.from_job(job)
 
 
 @router.get("", response_model=JobList, responses=error_responses(422))
-def list_jobs(
+async def list_jobs(
     services: ServicesDep,
     principal: PrincipalDep,
     status: Annotated[JobStatus | None, Query(description="Only jobs in this state.")] = None,
@@ -157,8 +149,15 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> JobList:
     """Jobs, newest first, a page at a time."""
-    page = services.store.list_jobs(
-        scope=principal.scope, status=status, batch_id=batch_id, after=after, limit=limit
+    page = await run_in_threadpool(
+        functools.partial(
+            services.job_ops.list,
+            scope=principal.scope,
+            status=status,
+            batch_id=batch_id,
+            after=after,
+            limit=limit,
+        )
     )
     data = [JobPublic.from_job(j) for j in page.items]
     return JobList(
@@ -170,10 +169,11 @@ def list_jobs(
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, responses=error_responses(404, 409))
-def cancel_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> JobPublic:
+async def cancel_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> JobPublic:
     """Cancel a job that has not finished; a running one is aborted in the engine."""
-    job = services.store.cancel_job(job_id, scope=principal.scope)
-    services.events.cancelled([job.id])
+    job = await run_in_threadpool(
+        functools.partial(services.job_ops.cancel, job_id, scope=principal.scope)
+    )
     return JobPublic.from_job(job)
 
 

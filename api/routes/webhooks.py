@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import PrincipalDep, Services, ServicesDep
 from api.errors import error_responses
-from inferq.db.jobs import utcnow
+from inferq.db.support import utcnow
 from inferq.exceptions import BrokerUnavailable, InvalidRequest
 from inferq.webhooks import (
     Attempt,

@@ -22,9 +22,9 @@ from inferq.batches import (
 )
 from inferq.constants import BULK_QUEUE, JOB_ID_PREFIX
 from inferq.db.bulk import insert_rows
-from inferq.db.jobs import as_utc, translate_errors, utcnow
 from inferq.db.models import BatchRow, JobRow
 from inferq.db.outbox import enqueue_batch_event, ensure_endpoint, wake_delivery
+from inferq.db.support import as_utc, translate_errors, utcnow
 from inferq.exceptions import InvalidState, NotFound
 from inferq.ids import new_id
 from inferq.jobs import ACTIVE_STATUSES, JobStatus, pack_token_ids
@@ -50,6 +50,8 @@ class NewBatch:
     model: str
     metadata: dict[str, str] = field(default_factory=dict)
     webhook: WebhookRequest | None = None
+    # Every line's priority (inferq.jobs.MAX_PRIORITY).
+    priority: int = 0
 
 
 class BatchStore:
@@ -369,6 +371,7 @@ def _batch_values(session: Session, batch_id: str, new: NewBatch, now: datetime)
         "metadata_": new.metadata,
         "created_at": now,
         "expires_at": now + new.window,
+        "priority": new.priority,
     }
 
 
@@ -395,6 +398,7 @@ def _job_values(
         "batch_id": batch_id,
         "line": item.line,
         "custom_id": item.custom_id,
+        "priority": new.priority,
     }
 
 
@@ -460,4 +464,5 @@ def _batch_from_row(row: BatchRow) -> Batch:
         cancelling_at=ts(row.cancelling_at),
         cancelled_at=ts(row.cancelled_at),
         model=row.model,
+        priority=row.priority,
     )

@@ -11,8 +11,8 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from inferq.batches import FILE_ID_PREFIX, FilePurpose, StoredFile
-from inferq.db.jobs import as_utc, translate_errors, utcnow
 from inferq.db.models import FileChunkRow, FileRow
+from inferq.db.support import as_utc, translate_errors, utcnow
 from inferq.exceptions import InvalidRequest, NotFound, TooLarge
 from inferq.ids import new_id
 

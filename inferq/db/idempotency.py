@@ -16,8 +16,8 @@ from sqlalchemy import delete, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
-from inferq.db.jobs import as_utc, translate_errors, utcnow
 from inferq.db.models import IdempotencyKeyRow
+from inferq.db.support import as_utc, translate_errors, utcnow
 from inferq.exceptions import InvalidRequest, InvalidState
 
 # A claim older than this whose response never came belonged to a request that died.

@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Any, ParamSpec, TypeVar
+from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import and_, func, insert, or_, select, text, update
-from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from inferq.constants import JOB_ID_PREFIX
 from inferq.db.bulk import update_rows
+from inferq.db.idempotency import IdempotentRequest, record_response
 from inferq.db.models import JobRow
 from inferq.db.outbox import enqueue_job_events, ensure_endpoint, wake_delivery
-from inferq.exceptions import InvalidState, NotFound, StoreUnavailable
+from inferq.db.support import as_utc, translate_errors, utcnow
+from inferq.exceptions import InvalidState, NotFound
 from inferq.ids import new_id
 from inferq.jobs import (
     ACTIVE_STATUSES,
@@ -35,30 +35,7 @@ from inferq.jobs import (
 )
 from inferq.webhooks import WebhookRequest
 
-P = ParamSpec("P")
-T = TypeVar("T")
 _ACTIVE = [s.value for s in ACTIVE_STATUSES]
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def translate_errors(method: Callable[P, T]) -> Callable[P, T]:
-    """Turn a lost or refused database connection into `StoreUnavailable`."""
-
-    @functools.wraps(method)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        try:
-            return method(*args, **kwargs)
-        except OperationalError as exc:
-            raise StoreUnavailable(f"the database is unavailable: {exc.orig}") from exc
-        except DBAPIError as exc:
-            if exc.connection_invalidated:
-                raise StoreUnavailable(f"the database connection was lost: {exc.orig}") from exc
-            raise
-
-    return wrapper
 
 
 @dataclass(frozen=True)
@@ -70,6 +47,17 @@ class _Ended:
     status: str
     webhook_endpoint_id: str | None
     webhook_events: list[str] | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewJob:
+    """A job to write: what it asks for, whose it is, and what to do when it ends."""
+
+    spec: JobSpec
+    tenant: str
+    webhook: WebhookRequest | None = None
+    # The idempotency key it was submitted under, whose response is remembered with it.
+    idempotency: IdempotentRequest | None = None
 
 
 @dataclass(frozen=True)
@@ -123,60 +111,49 @@ class JobStore:
         queue: str,
         requeue_after_s: int,
         webhook: WebhookRequest | None = None,
-        then: Callable[[Session, list[Job]], None] | None = None,
     ) -> list[Job]:
-        """Write new queued jobs for `tenant` in one transaction and return them.
+        """Write new queued jobs for `tenant` in one transaction and return them."""
+        return self.submit_jobs(
+            [NewJob(spec=spec, tenant=tenant, webhook=webhook) for spec in specs],
+            queue=queue,
+            requeue_after_s=requeue_after_s,
+        )
 
-        `then` runs inside that transaction with the new jobs (to remember the response
-        to an idempotent request, say), so both are written or neither is.
+    @translate_errors
+    def submit_jobs(
+        self,
+        new_jobs: Sequence[NewJob],
+        *,
+        queue: str,
+        requeue_after_s: int,
+        respond: Callable[[Job], dict[str, Any]] | None = None,
+    ) -> list[Job]:
+        """Write new queued jobs, each for its own tenant, in one transaction; return them.
+
+        A job submitted under an idempotency key has its response (`respond(job)`, the
+        body of a 202) remembered in the same transaction, so both are written or neither.
         """
         now = self._clock()
-        rows: list[dict[str, Any]] = [
-            {
-                "id": new_id(JOB_ID_PREFIX),
-                "tenant": tenant,
-                "status": JobStatus.QUEUED.value,
-                "queue": queue,
-                "model": spec.model,
-                "prompt": spec.prompt,
-                "messages": spec.messages,
-                "prompt_token_ids": pack_token_ids(spec.prompt_token_ids),
-                "prompt_tokens": len(spec.prompt_token_ids),
-                "sampling": spec.sampling.to_dict(),
-                "metadata_": spec.metadata,
-                "created_at": now,
-                # A queued job whose message is lost is published again after this.
-                "lease_expires_at": now + timedelta(seconds=requeue_after_s),
-                "published_at": now,
-                "attempts": 0,
-            }
-            for spec in specs
-        ]
-        jobs = [
-            Job(
-                id=row["id"],
-                tenant=tenant,
-                status=JobStatus.QUEUED,
-                model=spec.model,
-                prompt=spec.prompt,
-                messages=spec.messages,
-                sampling=spec.sampling,
-                metadata=spec.metadata,
-                prompt_tokens=len(spec.prompt_token_ids),
-                created_at=now,
-            )
-            for row, spec in zip(rows, specs, strict=True)
-        ]
+        rows = [_new_row(new.spec, new.tenant, queue, now, requeue_after_s) for new in new_jobs]
+        jobs = [_new_job(row, new.spec) for row, new in zip(rows, new_jobs, strict=True)]
         with self._transaction() as session:
-            if webhook is not None:
-                endpoint_id = ensure_endpoint(session, tenant=tenant, url=webhook.url, now=now)
-                for row in rows:
-                    row["webhook_endpoint_id"] = endpoint_id
-                    row["webhook_events"] = webhook.events
+            endpoints: dict[tuple[str, str], str] = {}
+            for row, new in zip(rows, new_jobs, strict=True):
+                if new.webhook is None:
+                    continue
+                target = (new.tenant, new.webhook.url)
+                if target not in endpoints:
+                    endpoints[target] = ensure_endpoint(
+                        session, tenant=new.tenant, url=new.webhook.url, now=now
+                    )
+                row["webhook_endpoint_id"] = endpoints[target]
+                row["webhook_events"] = new.webhook.events
             if rows:
                 session.execute(insert(JobRow), rows)
-            if then is not None:
-                then(session, jobs)
+            for job, new in zip(jobs, new_jobs, strict=True):
+                if new.idempotency is not None:
+                    assert respond is not None, "an idempotent submission needs `respond`"
+                    record_response(session, new.idempotency, status_code=202, body=respond(job))
         return jobs
 
     @translate_errors
@@ -272,6 +249,7 @@ class JobStore:
                 JobRow.sampling,
                 JobRow.created_at,
                 JobRow.batch_id,
+                JobRow.priority,
             )
             .execution_options(synchronize_session=False)
         )
@@ -284,6 +262,7 @@ class JobStore:
                 sampling=SamplingParams.from_dict(row.sampling),
                 created_at=as_utc(row.created_at) or now,
                 batch_id=row.batch_id,
+                priority=row.priority,
             )
             for row in rows
         }
@@ -468,6 +447,46 @@ class JobStore:
         return [job_id for job_id in ids if job_id in live]
 
 
+def _new_row(
+    spec: JobSpec, tenant: str, queue: str, now: datetime, requeue_after_s: int
+) -> dict[str, Any]:
+    return {
+        "id": new_id(JOB_ID_PREFIX),
+        "tenant": tenant,
+        "status": JobStatus.QUEUED.value,
+        "queue": queue,
+        "model": spec.model,
+        "prompt": spec.prompt,
+        "messages": spec.messages,
+        "prompt_token_ids": pack_token_ids(spec.prompt_token_ids),
+        "prompt_tokens": len(spec.prompt_token_ids),
+        "sampling": spec.sampling.to_dict(),
+        "metadata_": spec.metadata,
+        "created_at": now,
+        # A queued job whose message is lost is published again after this.
+        "lease_expires_at": now + timedelta(seconds=requeue_after_s),
+        "published_at": now,
+        "attempts": 0,
+        "priority": spec.priority,
+    }
+
+
+def _new_job(row: dict[str, Any], spec: JobSpec) -> Job:
+    return Job(
+        id=row["id"],
+        tenant=row["tenant"],
+        status=JobStatus.QUEUED,
+        model=spec.model,
+        prompt=spec.prompt,
+        messages=spec.messages,
+        sampling=spec.sampling,
+        metadata=spec.metadata,
+        prompt_tokens=len(spec.prompt_token_ids),
+        created_at=row["created_at"],
+        priority=spec.priority,
+    )
+
+
 def _scoped_row(
     session: Session, job_id: str, scope: str | None, *, for_update: bool = False
 ) -> JobRow:
@@ -505,13 +524,6 @@ def _storable_choice(choice: dict[str, Any]) -> dict[str, Any]:
     return choice
 
 
-def as_utc(value: datetime | None) -> datetime | None:
-    """SQLite hands back naive datetimes; everything inferq stores is UTC."""
-    if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    return value
-
-
 def _job_from_row(row: JobRow) -> Job:
     result = None
     if row.choices is not None:
@@ -539,4 +551,5 @@ def _job_from_row(row: JobRow) -> Job:
         error=None if row.error is None else JobError(**row.error),
         batch_id=row.batch_id,
         custom_id=row.custom_id,
+        priority=row.priority,
     )

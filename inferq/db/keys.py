@@ -9,8 +9,8 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from inferq.db.jobs import translate_errors, utcnow
 from inferq.db.models import ApiKeyRow
+from inferq.db.support import translate_errors, utcnow
 from inferq.exceptions import NotFound
 from inferq.ids import new_id
 from inferq.keys import ApiKey, generate_key, hash_key

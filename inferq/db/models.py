@@ -15,6 +15,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     MetaData,
+    SmallInteger,
     String,
     Text,
     UniqueConstraint,
@@ -69,6 +70,7 @@ class JobRow(Base):
     custom_id: Mapped[str | None] = mapped_column(Text)
     webhook_endpoint_id: Mapped[str | None] = mapped_column(String(64))
     webhook_events: Mapped[list[str] | None] = mapped_column(Json)
+    priority: Mapped[int] = mapped_column(SmallInteger, default=0, server_default="0")
 
     __table_args__ = (
         Index("ix_jobs_status_id", "status", "id"),
@@ -168,6 +170,7 @@ class BatchRow(Base):
     cancelled_at: Mapped[datetime | None] = mapped_column(Timestamp)
     webhook_endpoint_id: Mapped[str | None] = mapped_column(String(64))
     webhook_events: Mapped[list[str] | None] = mapped_column(Json)
+    priority: Mapped[int] = mapped_column(SmallInteger, default=0, server_default="0")
 
     __table_args__ = (Index("ix_batches_tenant_id", "tenant", "id"),)
 

@@ -14,9 +14,9 @@ from datetime import datetime, timedelta
 from sqlalchemy import ColumnElement, and_, exists, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from inferq.db.jobs import as_utc, translate_errors, utcnow
 from inferq.db.models import WebhookAttemptRow, WebhookDeliveryRow, WebhookEndpointRow
 from inferq.db.outbox import ensure_endpoint
+from inferq.db.support import as_utc, translate_errors, utcnow
 from inferq.exceptions import InvalidState, NotFound
 from inferq.webhooks import (
     ACTIVE_DELIVERY_STATES,

@@ -1,7 +1,7 @@
 import threading
 import time
 
-from inferq.jobs import SamplingParams
+from inferq.jobs import SamplingParams, engine_priority
 from worker.admission import AdmissionQueue
 from worker.engine import EngineRequest
 
@@ -36,11 +36,11 @@ def test_a_take_is_bounded_by_room_and_by_max_batch_size() -> None:
 
 def test_an_idle_engine_waits_up_to_the_delay_for_a_micro_batch() -> None:
     queue = AdmissionQueue(max_batch_size=4, max_batch_delay_ms=300)
-    queue.put(_requests("a"), interactive=True)
+    queue.put(_requests("a"), interactive=False)
 
     def more() -> None:
         time.sleep(0.05)
-        queue.put(_requests("b", "c", "d"), interactive=True)
+        queue.put(_requests("b", "c", "d"), interactive=False)
 
     threading.Thread(target=more).start()
     started = time.monotonic()
@@ -52,7 +52,7 @@ def test_an_idle_engine_waits_up_to_the_delay_for_a_micro_batch() -> None:
 
 def test_an_idle_engine_takes_a_partial_batch_when_the_delay_runs_out() -> None:
     queue = AdmissionQueue(max_batch_size=4, max_batch_delay_ms=50)
-    queue.put(_requests("a"), interactive=True)
+    queue.put(_requests("a"), interactive=False)
     started = time.monotonic()
     assert _ids(queue.take(10, idle=True, timeout_s=1)) == ["a"]
     assert 0.04 <= time.monotonic() - started < 0.5
@@ -73,3 +73,46 @@ def test_remove_takes_out_pending_requests() -> None:
     queue.put(_requests("c"), interactive=False)
     assert _ids(queue.remove({"b", "c", "zzz"})) == ["b", "c"]
     assert _ids(queue.drain()) == ["a"]
+
+
+def test_a_single_job_never_waits_for_a_micro_batch() -> None:
+    queue = AdmissionQueue(max_batch_size=4, max_batch_delay_ms=10_000)
+    queue.put(_requests("b"), interactive=False)
+    queue.put(_requests("i"), interactive=True)
+    started = time.monotonic()
+    assert _ids(queue.take(10, idle=True, timeout_s=5)) == ["i", "b"]
+    assert time.monotonic() - started < 1
+
+
+def _prioritized(job_id: str, priority: int) -> EngineRequest:
+    return EngineRequest(
+        job_id=job_id,
+        prompt_token_ids=[1],
+        sampling=SamplingParams(max_tokens=1),
+        priority=priority,
+    )
+
+
+def test_requests_are_taken_by_priority_then_arrival() -> None:
+    queue = AdmissionQueue(max_batch_size=8, max_batch_delay_ms=0)
+    queue.put([_prioritized("b0", engine_priority(0, interactive=False))], interactive=False)
+    queue.put(
+        [
+            _prioritized("i5", engine_priority(5, interactive=True)),
+            _prioritized("i0", engine_priority(0, interactive=True)),
+            _prioritized("i5b", engine_priority(5, interactive=True)),
+        ],
+        interactive=True,
+    )
+    assert _ids(queue.take(8, idle=False, timeout_s=0)) == ["i0", "i5", "i5b", "b0"]
+
+
+def test_single_jobs_may_use_the_slots_kept_for_them_and_batch_lines_may_not() -> None:
+    queue = AdmissionQueue(max_batch_size=8, max_batch_delay_ms=0)
+    queue.put(_requests("b1", "b2"), interactive=False)
+    # The engine is full of batch lines (room 0) but has two interactive slots free.
+    assert queue.take(0, interactive_room=2, idle=False, timeout_s=0) == []
+    queue.put(_requests("i1", "i2", "i3"), interactive=True)
+    assert _ids(queue.take(0, interactive_room=2, idle=False, timeout_s=0)) == ["i1", "i2"]
+    assert _ids(queue.take(1, interactive_room=3, idle=False, timeout_s=0)) == ["i3"]
+    assert _ids(queue.take(1, interactive_room=3, idle=False, timeout_s=0)) == ["b1"]

@@ -109,8 +109,9 @@ def test_on_this_host_the_tests_engine_gets_what_its_sequences_need(
 ) -> None:
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     ready = engine_settings(_settings(tiny_model))
-    # 16 sequences of 1,024 tokens at 2 KiB a token, whatever this host's memory layout.
-    assert ready.kv_cache_memory_bytes == 16 * 1024 * 2048
+    # 16 sequences for batch lines and 2 kept for single jobs, of 1,024 tokens at 2 KiB a
+    # token, whatever this host's memory layout.
+    assert ready.kv_cache_memory_bytes == (16 + 2) * 1024 * 2048
 
 
 def test_an_impossible_kv_cache_size_fails_before_any_engine_starts(tiny_model: Path) -> None:

@@ -16,7 +16,8 @@ def test_settings_come_from_inferq_variables(monkeypatch: pytest.MonkeyPatch) ->
     settings = Settings()
     assert settings.max_num_seqs == 32
     assert settings.engine_extra_args == {"swap_space": 4}
-    assert settings.effective_worker_concurrency == 32 + 64
+    # The engine holds 32 batch lines plus 32 / 8 single jobs; one micro-batch waits.
+    assert settings.effective_worker_concurrency == 32 + 4 + 64
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,111 @@
+"""What can be done to single jobs: submit them (many at once), read, list and cancel.
+Used by the API; every operation is one store call and at most one publish."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from inferq.celery_app import JobPublisher
+from inferq.constants import INTERACTIVE_QUEUE
+from inferq.db.jobs import JobStore, NewJob, Page
+from inferq.events import JobEvents
+from inferq.exceptions import BrokerUnavailable, InferqError, NotFound, RetryLater
+from inferq.jobs import Job, JobStatus
+from inferq.queues import QueueMonitor
+
+log = logging.getLogger(__name__)
+
+# How long a client refused for a full queue should wait before it tries again.
+QUEUE_FULL_RETRY_S = 10
+
+
+class JobOperations:
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        publisher: JobPublisher,
+        events: JobEvents,
+        queues: QueueMonitor,
+        high_water: int,
+        requeue_after_s: int,
+        respond: Callable[[Job], dict[str, Any]],
+    ) -> None:
+        """`respond` renders a new job as the body of its 202, to be remembered for an
+        idempotent submission."""
+        self.store = store
+        self._publisher = publisher
+        self._events = events
+        self._queues = queues
+        self._high_water = high_water
+        self._requeue_after_s = requeue_after_s
+        self._respond = respond
+
+    def submit(self, new_jobs: Sequence[NewJob]) -> list[Job | InferqError]:
+        """Write these jobs in one transaction and publish them together.
+
+        Returns each one's job, or the error that refused it: all are refused while the
+        interactive queue is over its high-water mark. A job whose publish fails is kept
+        (maintenance publishes it once Redis is back).
+        """
+        depth = self._queues.depth(INTERACTIVE_QUEUE)
+        if depth >= self._high_water:
+            full = RetryLater(
+                f"the interactive queue holds {depth} jobs, over its limit of "
+                f"{self._high_water}: retry later, or send bulk work as a batch file "
+                "(/v1/batches), which is always accepted",
+                retry_after_s=QUEUE_FULL_RETRY_S,
+                code="queue_full",
+            )
+            return [full] * len(new_jobs)
+        jobs = self.store.submit_jobs(
+            new_jobs,
+            queue=INTERACTIVE_QUEUE,
+            requeue_after_s=self._requeue_after_s,
+            respond=self._respond,
+        )
+        ids = [job.id for job in jobs]
+        try:
+            self._publisher.publish_interactive(ids)
+        except BrokerUnavailable as exc:
+            log.warning("%d jobs are stored but not yet published: %s", len(ids), exc.message)
+            self.store.mark_unpublished(ids)
+        else:
+            self._events.submitted(ids)
+        for job in jobs:
+            log.info("accepted job %s", job.id, extra={"job_id": job.id, "tenant": job.tenant})
+        return list(jobs)
+
+    def get_many(self, reads: Sequence[tuple[str, str | None]]) -> list[Job | InferqError]:
+        """Jobs by `(id, scope)` in one query, in order; `NotFound` for an id that does not
+        exist or belongs to another tenant than `scope` (None sees every tenant)."""
+        found = {job.id: job for job in self.store.get_jobs([job_id for job_id, _ in reads])}
+        return [_in_scope(found.get(job_id), job_id, scope) for job_id, scope in reads]
+
+    def list(
+        self,
+        *,
+        scope: str | None,
+        status: JobStatus | None,
+        batch_id: str | None,
+        after: str | None,
+        limit: int,
+    ) -> Page:
+        return self.store.list_jobs(
+            scope=scope, status=status, batch_id=batch_id, after=after, limit=limit
+        )
+
+    def cancel(self, job_id: str, *, scope: str | None) -> Job:
+        """Cancel a queued or running job; its worker hears of it at once."""
+        job = self.store.cancel_job(job_id, scope=scope)
+        self._events.cancelled([job.id])
+        return job
+
+
+def _in_scope(job: Job | None, job_id: str, scope: str | None) -> Job | InferqError:
+    # Another tenant's job is "not found", so ids cannot be probed across tenants.
+    if job is None or (scope is not None and job.tenant != scope):
+        return NotFound(f"no job with id {job_id!r}")
+    return job

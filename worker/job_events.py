@@ -1,0 +1,60 @@
+"""Listens for job events: cancellations, so a running job is aborted in the engine at
+once, and new single jobs, which the runtime may take at once (see worker/runtime.py)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from redis import Redis
+from redis.exceptions import RedisError
+
+from inferq.events import cancel_channel, decode_ids, submitted_channel
+from worker.runtime import GpuRuntime
+
+log = logging.getLogger(__name__)
+
+
+class JobEventListener:
+    """A thread subscribed to the cancel and submitted channels. A missed cancellation is
+    caught later by lease renewal, which drops jobs this worker no longer holds; a missed
+    offer costs only latency (the job's message brings it)."""
+
+    def __init__(self, redis: Redis, *, key_prefix: str, runtime: GpuRuntime) -> None:
+        self._redis = redis
+        self._cancel = cancel_channel(key_prefix)
+        self._submitted = submitted_channel(key_prefix)
+        self._runtime = runtime
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="job-events", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(2)
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self._listen()
+            except RedisError as exc:
+                log.warning("job event listener lost Redis (%s); reconnecting", exc)
+                self._stopping.wait(1)
+
+    def _listen(self) -> None:
+        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        try:
+            pubsub.subscribe(self._cancel, self._submitted)
+            while not self._stopping.is_set():
+                message = pubsub.get_message(timeout=1.0)
+                if message is None:
+                    continue
+                ids = decode_ids(message["data"])
+                if message["channel"].decode() == self._cancel:
+                    self._runtime.cancel(ids)
+                else:
+                    self._runtime.offer(ids)
+        finally:
+            pubsub.close()

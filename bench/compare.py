@@ -1,47 +1,62 @@
 """inferq side by side with vLLM, on the same prompts and engine settings, in one run.
 
     python -m bench.compare                       # everything
-    python -m bench.compare --requests 500 --skip serve,run-batch
+    python -m bench.compare --requests 500 --skip serve,serve-256,run-batch
 
 Systems, each in processes of its own, one after another:
 - engine: every prompt through one `LLM.generate` call (the limit);
 - run-batch: `vllm run-batch` on the same file in OpenAI Batch format;
-- serve: vLLM's OpenAI server, driven by an async client at concurrency 64;
+- serve, serve-256: vLLM's OpenAI server (one process), at concurrency 64 and 256;
 - inferq-batch: the file through `POST /v1/batches` until its output file is read;
-- inferq-jobs: the same prompts as single `POST /v1/jobs` submissions;
+- inferq-jobs-64, inferq-jobs: the same prompts as single `POST /v1/jobs` submissions, at
+  concurrency 64 and 256 (single requests to both systems go through `bench.drive`);
+- idle: one job at a time on an otherwise idle system;
 - interactive: single jobs on Poisson arrivals at several rates (latency against load);
+- priority: interactive jobs while a big batch saturates the engine (`bench.priority`);
 - pipeline: inferq with the instant engine (no model): jobs/s through API, Redis, worker
   and Postgres, for batch lines and for single jobs.
-Prints a table of tokens/s with ratios to the engine limit, and writes the figures
-(JSON) and a chart (PNG) to --out.
+Every step's name works with --skip. Prints a table of tokens/s with ratios to the engine
+limit, and writes the figures (JSON) and a chart (PNG) to --out.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import random
 import shutil
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 
-from bench import stack, workload
-from bench.peers import SERVED, run_engine, run_run_batch, run_serve, throughput
-from bench.report import chart, table
+from bench import drive, stack, workload
+from bench.peers import SERVED, run_engine, run_run_batch, serve, throughput
+from bench.priority import run_priority
+from bench.report import CONCURRENCIES, chart, single_key, table
 from inferq.demo_model import BENCH, CPU_DTYPE
 from inferq.kv_cache import ModelShape, sequence_bytes
 
 MAX_NUM_SEQS = 64
-JOB_CONCURRENCY = 256
-IDLE_JOBS = 20
+IDLE_JOBS = 50
+PIPELINE_SINGLE_JOBS = 5000
+PIPELINE_CONCURRENCY = 256
+STEPS = (
+    "engine",
+    "run-batch",
+    *(single_key("serve", c) for c in CONCURRENCIES),
+    "inferq-batch",
+    *(single_key("inferq-jobs", c) for c in CONCURRENCIES),
+    "idle",
+    "interactive",
+    "priority",
+    "pipeline",
+)
 
 
 def engine_args(model: Path, *, gpu: bool) -> dict[str, Any]:
@@ -144,57 +159,10 @@ def run_inferq_batch(base_url: str, batch_file: Path) -> dict[str, Any]:
     return throughput(seconds, tokens, len(lines))
 
 
-async def _submit_and_wait(
-    client: httpx.AsyncClient, body: dict[str, Any]
-) -> tuple[float, dict[str, Any]]:
-    started = time.perf_counter()
-    response = await client.post("/v1/jobs", json=body)
-    response.raise_for_status()
-    job: dict[str, Any] = response.json()
-    while job["status"] in ("queued", "running"):
-        response = await client.get(f"/v1/jobs/{job['id']}", params={"wait": 60})
-        response.raise_for_status()
-        job = response.json()
-    return time.perf_counter() - started, job
-
-
-def _client(base_url: str, connections: int) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        base_url=base_url,
-        headers={"Authorization": f"Bearer {stack.ADMIN_KEY}"},
-        timeout=3600,
-        limits=httpx.Limits(max_connections=connections),
-    )
-
-
-def run_inferq_jobs(base_url: str, bodies: list[dict[str, Any]]) -> dict[str, Any]:
-    async def drive() -> tuple[float, list[dict[str, Any]]]:
-        async with _client(base_url, JOB_CONCURRENCY) as client:
-            gate = asyncio.Semaphore(JOB_CONCURRENCY)
-
-            async def one(body: dict[str, Any]) -> dict[str, Any]:
-                async with gate:
-                    return (await _submit_and_wait(client, body))[1]
-
-            started = time.perf_counter()
-            jobs = await asyncio.gather(*(one(b) for b in bodies))
-            return time.perf_counter() - started, jobs
-
-    seconds, jobs = asyncio.run(drive())
-    assert all(j["status"] == "succeeded" for j in jobs), [j["status"] for j in jobs][:5]
-    tokens = sum(j["usage"]["completion_tokens"] for j in jobs)
-    return throughput(seconds, tokens, len(jobs))
-
-
 def run_idle(base_url: str, body: dict[str, Any], count: int) -> dict[str, Any]:
     """One job at a time on an otherwise idle system: submission to result."""
-
-    async def drive() -> list[float]:
-        async with _client(base_url, 1) as client:
-            return [(await _submit_and_wait(client, body))[0] for _ in range(count)]
-
-    latencies = asyncio.run(drive())
-    return {"jobs": count, "p50_s": statistics.median(latencies), "max_s": max(latencies)}
+    latencies = drive.one_at_a_time(base_url, body, count)
+    return {"jobs": count, **drive.percentiles(latencies), "max_s": max(latencies)}
 
 
 def run_interactive(
@@ -202,29 +170,26 @@ def run_interactive(
 ) -> list[dict[str, Any]]:
     """Single jobs arriving as a Poisson process at each rate: time to result."""
     rng = random.Random(workload.SEED)
-
-    async def at_rate(rate: float) -> dict[str, Any]:
-        async with _client(base_url, 512) as client:
-            tasks = []
-            started = time.perf_counter()
-            while time.perf_counter() - started < duration_s:
-                tasks.append(asyncio.create_task(_submit_and_wait(client, body)))
-                await asyncio.sleep(rng.expovariate(rate))
-            latencies = sorted(seconds for seconds, _ in await asyncio.gather(*tasks))
+    points = []
+    for rate in rates:
+        latencies = drive.poisson(base_url, body, rate_per_s=rate, duration_s=duration_s, rng=rng)
         cuts = statistics.quantiles(latencies, n=100)
-        return {
-            "rate": rate,
-            "jobs": len(latencies),
-            "p50_s": statistics.median(latencies),
-            "p95_s": cuts[94],
-            "p99_s": cuts[98],
-        }
-
-    return [asyncio.run(at_rate(rate)) for rate in rates]
+        points.append(
+            {
+                "rate": rate,
+                "jobs": len(latencies),
+                "p50_s": statistics.median(latencies),
+                "p95_s": cuts[94],
+                "p99_s": cuts[98],
+            }
+        )
+    return points
 
 
 def run_pipeline(workdir: Path, lines: int) -> dict[str, Any]:
     """jobs/s through inferq with an engine that answers at once (no model)."""
+    workdir = workdir / "pipeline"  # its own logs: the real-engine deployment's stay
+    workdir.mkdir(exist_ok=True)
     model = stack.demo_model()  # only its tokenizer is used
     requests = [workload.Request(f"p{i}", f"item {i}", 1) for i in range(lines)]
     batch_file = workload.write_batch_file(requests, SERVED, workdir / "pipeline.jsonl")
@@ -246,69 +211,164 @@ def run_pipeline(workdir: Path, lines: int) -> dict[str, Any]:
             time.sleep(0.1)
             batch = client.batches.retrieve(batch.id)
         batch_jobs_per_s = lines / (time.perf_counter() - queued)
-        single = run_inferq_jobs(url, [workload.body(r, SERVED) for r in requests[:5000]])
+        single = drive.inferq_jobs(
+            url,
+            [workload.body(r, SERVED) for r in requests[:PIPELINE_SINGLE_JOBS]],
+            concurrency=PIPELINE_CONCURRENCY,
+        )
     return {
         "batch_lines": lines,
         "batch_jobs_per_s": batch_jobs_per_s,
         "single_jobs": single["requests"],
         "single_jobs_per_s": single["requests_per_s"],
+        "single_concurrency": single["concurrency"],
     }
 
 
-def main() -> None:
+class Steps:
+    """Runs the steps --skip leaves in, printing and keeping each one's figures."""
+
+    def __init__(self, skip: set[str]) -> None:
+        self.skip = skip
+        self.results: dict[str, Any] = {}
+
+    def wanted(self, *names: str) -> bool:
+        return not set(names) <= self.skip
+
+    def run(self, name: str, run: Callable[[], Any]) -> None:
+        if name in self.skip:
+            return
+        print(f"-- {name}", flush=True)
+        self.results[name] = run()
+        print(json.dumps(self.results[name]), flush=True)
+
+
+def _parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000, help="bulk prompts")
     parser.add_argument("--rates", default="1,2,4", help="interactive arrivals per second")
     parser.add_argument("--duration", type=float, default=30, help="seconds per rate")
     parser.add_argument("--pipeline-lines", type=int, default=20_000)
-    parser.add_argument("--skip", default="", help="comma-separated systems to leave out")
+    parser.add_argument(
+        "--priority-batch-lines", type=int, default=20_000, help="the batch the priority step runs"
+    )
+    parser.add_argument(
+        "--priority-window", type=float, default=60, help="seconds per priority window"
+    )
+    parser.add_argument(
+        "--priority-rate", type=float, default=2, help="its interactive arrivals per second"
+    )
+    parser.add_argument(
+        "--skip", default="", help=f"comma-separated steps to leave out: {','.join(STEPS)}"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument(
         "--model", type=Path, help="a model directory (default: the CPU bench model, built here)"
     )
     parser.add_argument("--gpu", action="store_true", help="GPU engine settings (8B INT4)")
     args = parser.parse_args()
-    skip = set(filter(None, args.skip.split(",")))
+    unknown = set(filter(None, args.skip.split(","))) - set(STEPS)
+    if unknown:  # a misspelt step would otherwise run, and take its time
+        parser.error(f"--skip: no step named {', '.join(sorted(unknown))}")
+    return args
+
+
+def _serve_steps(
+    steps: Steps, engine: dict[str, Any], workdir: Path, bodies: list[dict[str, Any]]
+) -> None:
+    """One `vllm serve` process, driven at each concurrency in turn."""
+    names = [single_key("serve", c) for c in CONCURRENCIES]
+    if not steps.wanted(*names):
+        return
+    with serve(engine, workdir) as url:
+        for name, concurrency in zip(names, CONCURRENCIES, strict=True):
+            steps.run(name, partial(drive.serve_chats, url, bodies, concurrency=concurrency))
+
+
+def _inferq_steps(
+    steps: Steps,
+    args: argparse.Namespace,
+    *,
+    model: Path,
+    engine: dict[str, Any],
+    workdir: Path,
+    bodies: list[dict[str, Any]],
+    priority_file: Path | None,
+) -> None:
+    """Every step on the real engine, in one deployment."""
+    jobs = [single_key("inferq-jobs", c) for c in CONCURRENCIES]
+    if not steps.wanted("inferq-batch", *jobs, "idle", "interactive", "priority"):
+        return
+    with inferq(model, workdir, **inferq_env(engine)) as url:
+        steps.run("inferq-batch", lambda: run_inferq_batch(url, workdir / "batch.jsonl"))
+        for name, concurrency in zip(jobs, CONCURRENCIES, strict=True):
+            steps.run(name, partial(drive.inferq_jobs, url, bodies, concurrency=concurrency))
+        steps.run("idle", lambda: run_idle(url, bodies[0], IDLE_JOBS))
+        rates = [float(r) for r in args.rates.split(",")]
+        steps.run("interactive", lambda: run_interactive(url, bodies[0], rates, args.duration))
+        # Last: it leaves a cancelled batch behind, and it needs the idle figures.
+        if priority_file is not None:
+            steps.run(
+                "priority",
+                lambda: run_priority(
+                    url,
+                    batch_file=priority_file,
+                    lines=args.priority_batch_lines,
+                    body=bodies[0],
+                    window_s=args.priority_window,
+                    rate_per_s=args.priority_rate,
+                    max_num_seqs=int(engine["max_num_seqs"]),
+                    idle=steps.results.get("idle"),
+                ),
+            )
+
+
+def main() -> None:
+    args = _parse()
+    steps = Steps(set(filter(None, args.skip.split(","))))
     args.out.mkdir(parents=True, exist_ok=True)
     from transformers import AutoTokenizer
 
     model = args.model or stack.demo_model(BENCH, "bench")
     engine = engine_args(model, gpu=args.gpu)
-    requests = workload.bulk(
-        AutoTokenizer.from_pretrained(model), args.requests, context=engine["max_model_len"]
-    )
-    results: dict[str, Any] = {"expected_tokens": sum(r.max_tokens for r in requests)}
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    requests = workload.bulk(tokenizer, args.requests, context=engine["max_model_len"])
+    steps.results["expected_tokens"] = sum(r.max_tokens for r in requests)
     workdir = args.out / "work"  # inputs and every process's log, kept for a look after
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     requests_json = workload.save(requests, workdir / "requests.json")
     batch_file = workload.write_batch_file(requests, SERVED, workdir / "batch.jsonl")
+    priority_file = None
+    if steps.wanted("priority"):
+        # Prompts of their own (another seed), the same lengths' law: no prefix the
+        # engine's cache still holds from the bulk steps.
+        priority = workload.bulk(
+            tokenizer,
+            args.priority_batch_lines,
+            context=engine["max_model_len"],
+            seed=workload.SEED + 1,
+        )
+        priority_file = workload.write_batch_file(priority, SERVED, workdir / "priority.jsonl")
+    bodies = [workload.body(r, SERVED) for r in requests]
 
-    def step(name: str, run: Any) -> None:
-        if name in skip:
-            return
-        print(f"-- {name}", flush=True)
-        results[name] = run()
-        print(json.dumps(results[name]), flush=True)
-
-    step("engine", lambda: run_engine(requests_json, engine, workdir))
-    load_s = results.get("engine", {}).get("load_s", 0.0)
-    step("run-batch", lambda: run_run_batch(batch_file, engine, workdir, load_s))
-    step("serve", lambda: run_serve(requests, engine, workdir))
-    if not {"inferq-batch", "inferq-jobs", "idle", "interactive"} <= skip:
-        with inferq(model, workdir, **inferq_env(engine)) as url:
-            bodies = [workload.body(r, SERVED) for r in requests]
-            step("inferq-batch", lambda: run_inferq_batch(url, batch_file))
-            step("inferq-jobs", lambda: run_inferq_jobs(url, bodies))
-            step("idle", lambda: run_idle(url, bodies[0], IDLE_JOBS))
-            rates = [float(r) for r in args.rates.split(",")]
-            step(
-                "interactive",
-                lambda: run_interactive(url, bodies[0], rates, args.duration),
-            )
-    step("pipeline", lambda: run_pipeline(workdir, args.pipeline_lines))
+    steps.run("engine", lambda: run_engine(requests_json, engine, workdir))
+    load_s = steps.results.get("engine", {}).get("load_s", 0.0)
+    steps.run("run-batch", lambda: run_run_batch(batch_file, engine, workdir, load_s))
+    _serve_steps(steps, engine, workdir, bodies)
+    _inferq_steps(
+        steps,
+        args,
+        model=model,
+        engine=engine,
+        workdir=workdir,
+        bodies=bodies,
+        priority_file=priority_file,
+    )
+    steps.run("pipeline", lambda: run_pipeline(workdir, args.pipeline_lines))
+    results = steps.results
     (args.out / "compare.json").write_text(json.dumps(results, indent=2) + "\n")
-    if "engine" in results:
+    if len(results) > 1:  # more than the expected tokens
         print("\n" + table(results))
         chart(results, args.out / "compare.png")
 

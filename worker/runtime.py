@@ -109,6 +109,7 @@ class GpuRuntime:
         max_batch_size: int,
         max_batch_delay_ms: int,
         max_held_jobs: int,
+        interactive_held_jobs: int = 0,
         max_messages: int,
         result_flush_ms: int,
         lease_s: int,
@@ -144,7 +145,7 @@ class GpuRuntime:
             max_engine_deaths=max_engine_deaths,
         )
         self._tickets: dict[str, Ticket] = {}
-        self._gate = CapacityGate(max_held_jobs)
+        self._gate = CapacityGate(max_held_jobs, interactive_extra=interactive_held_jobs)
         self._max_messages = max_messages
         self._tasks = 0  # Celery tasks inside `run`: each holds a message slot
         self._offers = ThreadPoolExecutor(OFFER_THREADS, thread_name_prefix="offers")
@@ -180,7 +181,8 @@ class GpuRuntime:
             max_batch_size=settings.max_batch_size,
             max_batch_delay_ms=settings.max_batch_delay_ms,
             # Claim what the engine will soon run: a full engine plus a micro-batch waiting.
-            max_held_jobs=settings.engine_max_num_seqs + settings.max_batch_size,
+            max_held_jobs=settings.max_num_seqs + settings.max_batch_size,
+            interactive_held_jobs=settings.effective_interactive_seqs,
             max_messages=settings.effective_worker_concurrency,
             result_flush_ms=settings.result_flush_ms,
             lease_s=settings.lease_s,

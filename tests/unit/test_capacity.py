@@ -61,3 +61,23 @@ def test_closing_turns_waiters_away() -> None:
     waiter.join(2)
     assert order == []
     assert not gate.acquire(1, interactive=True)
+
+
+def test_single_jobs_have_room_of_their_own_past_a_full_gate() -> None:
+    gate = CapacityGate(2, interactive_extra=1)
+    assert gate.acquire(2, interactive=False)
+    assert not gate.acquire(1, interactive=False, timeout_s=0.05)
+    assert gate.acquire(1, interactive=True, timeout_s=0.05)
+    assert not gate.acquire(1, interactive=True, timeout_s=0.05)
+    assert gate.used == 3
+
+
+def test_a_timed_acquire_gives_up_and_takes_nothing() -> None:
+    gate = CapacityGate(1)
+    assert gate.acquire(1, interactive=True)
+    started = time.monotonic()
+    assert not gate.acquire(1, interactive=True, timeout_s=0.1)
+    assert 0.09 <= time.monotonic() - started < 2
+    gate.release(1)
+    assert gate.acquire(1, interactive=True, timeout_s=0.1)
+    assert gate.used == 1

@@ -105,6 +105,11 @@ class JobWaiter:
             if confirmation is not None and not confirmation.done():
                 confirmation.set_result(None)
 
+    def _wake_all(self) -> None:
+        for watchers in self._watchers.values():
+            for event in watchers:
+                event.set()
+
     async def _listen(self) -> None:
         while True:
             pubsub = self._redis.pubsub()
@@ -112,6 +117,8 @@ class JobWaiter:
                 # Channels watched before a reconnect are subscribed again with this one.
                 await pubsub.subscribe(self._own_channel, *self._watchers)
                 self._pubsub = pubsub
+                # Whatever ended while the connection was down was not heard: look again.
+                self._wake_all()
                 while True:
                     message = await pubsub.get_message(timeout=None)
                     if message is not None:

@@ -29,11 +29,9 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401, 429, 503))
 
-# A waiting request re-reads Postgres this often even without a pub/sub wake-up. Only a
-# message lost while Redis was unreachable needs it (the waiter wakes every request when
-# it reconnects), and at 1 s the re-reads of requests waiting on long generations cost
-# the API more CPU than everything else they do.
-RECHECK_S = 15.0
+# A waiting request re-reads Postgres this often even without a pub/sub wake-up (the
+# waiter also wakes every request when it reconnects to Redis).
+RECHECK_S = 1.0
 # Prompts longer than this are tokenized in a worker thread, not on the event loop.
 INLINE_PROMPT_CHARS = 8192
 

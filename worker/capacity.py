@@ -21,12 +21,18 @@ class CapacityGate:
         self._interactive_extra = interactive_extra
         self._used = 0
         self._interactive_waiting = 0
+        self._bulk_waiting = 0
         self._closed = False
         self._changed = threading.Condition()
 
     @property
     def used(self) -> int:
         return self._used
+
+    @property
+    def bulk_waiting(self) -> int:
+        """Batch chunks waiting for room (each holding its message meanwhile)."""
+        return self._bulk_waiting
 
     def acquire(self, count: int, *, interactive: bool, timeout_s: float | None = None) -> bool:
         """Wait for room for `count` jobs; False if the gate closed (shutdown) meanwhile,
@@ -38,6 +44,8 @@ class CapacityGate:
         with self._changed:
             if interactive:
                 self._interactive_waiting += 1
+            else:
+                self._bulk_waiting += 1
             try:
                 while not self._closed and not self._fits(count, interactive=interactive):
                     left = None if deadline is None else deadline - time.monotonic()
@@ -53,6 +61,8 @@ class CapacityGate:
                 if interactive:
                     self._interactive_waiting -= 1
                     self._changed.notify_all()
+                else:
+                    self._bulk_waiting -= 1
 
     def release(self, count: int) -> None:
         with self._changed:

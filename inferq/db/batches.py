@@ -20,14 +20,15 @@ from inferq.batches import (
     RequestCounts,
     ResultRow,
 )
-from inferq.constants import BULK_QUEUE, JOB_ID_PREFIX
+from inferq.constants import BULK_QUEUE
 from inferq.db.bulk import insert_rows
+from inferq.db.jobs import new_job_row
 from inferq.db.models import BatchRow, JobRow
 from inferq.db.outbox import enqueue_batch_event, ensure_endpoint, wake_delivery
 from inferq.db.support import as_utc, translate_errors, utcnow
 from inferq.exceptions import InvalidState, NotFound
 from inferq.ids import new_id
-from inferq.jobs import ACTIVE_STATUSES, JobStatus, pack_token_ids
+from inferq.jobs import ACTIVE_STATUSES, JobStatus
 from inferq.webhooks import WebhookRequest
 
 INSERT_EVERY = 1000
@@ -378,28 +379,17 @@ def _batch_values(session: Session, batch_id: str, new: NewBatch, now: datetime)
 def _job_values(
     item: LineSpec, batch_id: str, new: NewBatch, now: datetime, requeue_after_s: int
 ) -> dict[str, Any]:
-    spec = item.spec
-    return {
-        "id": new_id(JOB_ID_PREFIX),
-        "tenant": new.tenant,
-        "status": JobStatus.QUEUED.value,
-        "queue": BULK_QUEUE,
-        "model": spec.model,
-        "prompt": spec.prompt,
-        "messages": spec.messages,
-        "prompt_token_ids": pack_token_ids(spec.prompt_token_ids),
-        "prompt_tokens": len(spec.prompt_token_ids),
-        "sampling": spec.sampling.to_dict(),
-        "metadata_": {},
-        "created_at": now,
-        "lease_expires_at": now + timedelta(seconds=requeue_after_s),
-        "published_at": now,
-        "attempts": 0,
-        "batch_id": batch_id,
-        "line": item.line,
-        "custom_id": item.custom_id,
-        "priority": new.priority,
-    }
+    row = new_job_row(
+        item.spec, tenant=new.tenant, queue=BULK_QUEUE, now=now, requeue_after_s=requeue_after_s
+    )
+    row.update(
+        metadata_={},
+        batch_id=batch_id,
+        line=item.line,
+        custom_id=item.custom_id,
+        priority=new.priority,
+    )
+    return row
 
 
 def _scoped(

@@ -134,7 +134,12 @@ class JobStore:
         body of a 202) remembered in the same transaction, so both are written or neither.
         """
         now = self._clock()
-        rows = [_new_row(new.spec, new.tenant, queue, now, requeue_after_s) for new in new_jobs]
+        rows = [
+            new_job_row(
+                new.spec, tenant=new.tenant, queue=queue, now=now, requeue_after_s=requeue_after_s
+            )
+            for new in new_jobs
+        ]
         jobs = [_new_job(row, new.spec) for row, new in zip(rows, new_jobs, strict=True)]
         with self._transaction() as session:
             endpoints: dict[tuple[str, str], str] = {}
@@ -447,9 +452,10 @@ class JobStore:
         return [job_id for job_id in ids if job_id in live]
 
 
-def _new_row(
-    spec: JobSpec, tenant: str, queue: str, now: datetime, requeue_after_s: int
+def new_job_row(
+    spec: JobSpec, *, tenant: str, queue: str, now: datetime, requeue_after_s: int
 ) -> dict[str, Any]:
+    """The row of a new queued job (single job or batch line)."""
     return {
         "id": new_id(JOB_ID_PREFIX),
         "tenant": tenant,

@@ -81,3 +81,18 @@ def test_a_timed_acquire_gives_up_and_takes_nothing() -> None:
     gate.release(1)
     assert gate.acquire(1, interactive=True, timeout_s=0.1)
     assert gate.used == 1
+
+
+def test_it_counts_the_batch_chunks_waiting_for_room() -> None:
+    gate = CapacityGate(1)
+    assert gate.acquire(1, interactive=False)
+    order: list[str] = []
+    waiter = _acquire_later(gate, 1, interactive=False, order=order, name="bulk")
+    deadline = time.monotonic() + 2
+    while gate.bulk_waiting == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert gate.bulk_waiting == 1
+    gate.release(1)
+    waiter.join(2)
+    assert gate.bulk_waiting == 0
+    assert order == ["bulk"]

@@ -60,8 +60,9 @@ def test_doctor_passes_what_works_and_says_how_to_fix_what_does_not(
     assert lines["workers"] == "FAIL unknown: Redis is down"
     assert lines["model"].startswith("ok ")
     assert "2 layers, context 1024" in lines["model"]
-    # The tests' engine: 16 sequences of 1,024 tokens, sized whatever the host's layout.
-    assert lines["memory"].startswith("ok KV cache 32 MiB: 16 sequences of 1024 tokens")
+    # The tests' engine: 16 sequences for batch lines and 2 for single jobs, of 1,024
+    # tokens, sized whatever the host's layout.
+    assert lines["memory"].startswith("ok KV cache 36 MiB: 18 sequences of 1024 tokens")
     assert lines[f"port {api_port}"] == (
         "FAIL in use by another program, needed for the API: stop it, or set INFERQ_API_PORT"
     )

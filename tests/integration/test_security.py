@@ -322,18 +322,20 @@ def test_flower_needs_credentials_and_with_them_lists_the_worker(stack: Stack, t
         )
         assert workers.status_code == 200
         assert "worker@test" in workers.json()
-        # A finished job's task, with its job id, worker, state and runtime.
-        with stack.client() as client:
-            job = client.post("/v1/jobs", json={"prompt": "seen", "max_tokens": 2}).json()
-            client.get(f"/v1/jobs/{job['id']}", params={"wait": 60})
+        # A finished job's task, with its job id, worker, state and runtime. Workers send
+        # task events once Flower has asked for them (it asks every few seconds), so the
+        # first jobs may go unseen: submit until one shows.
         task = None
-        deadline = time.monotonic() + 20
-        while task is None and time.monotonic() < deadline:
-            tasks = httpx.get(
-                base + "/api/tasks", auth=("ops", "flower-7c1e93ab52d4"), timeout=10
-            ).json()
-            task = next((t for t in tasks.values() if job["id"] in (t["args"] or "")), None)
-            time.sleep(0.5)
+        deadline = time.monotonic() + 40
+        with stack.client() as client:
+            while task is None and time.monotonic() < deadline:
+                job = client.post("/v1/jobs", json={"prompt": "seen", "max_tokens": 2}).json()
+                client.get(f"/v1/jobs/{job['id']}", params={"wait": 60})
+                time.sleep(1)  # Flower reads the task's events from Redis
+                tasks = httpx.get(
+                    base + "/api/tasks", auth=("ops", "flower-7c1e93ab52d4"), timeout=10
+                ).json()
+                task = next((t for t in tasks.values() if job["id"] in (t["args"] or "")), None)
         assert task is not None
         assert task["name"] == "inferq.run_jobs"
         assert task["state"] == "SUCCESS"

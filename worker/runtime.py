@@ -4,11 +4,10 @@ A task claims its jobs in Postgres, hands them to the admission queue and blocks
 the writer has committed their outcomes; only then does Celery acknowledge the message.
 
 Single jobs are also offered by pub/sub the moment they are submitted. They are taken that
-way only when batch chunks wait here for room, or every Celery slot of this worker is held:
-then the worker's slots are (or are about to be) all held by messages that end only when
-whole chunks end, and a single job's own message could not be fetched until then. The
-worker claims them straight from Postgres, and their messages, when they come, find them
-taken and are acknowledged. The messages stay the durable path.
+way only when batch chunks wait here for room: then the worker's slots are (or are about
+to be) all held by messages that end only when whole chunks end, and a single job's own
+message could not be fetched until then. The worker claims them straight from Postgres,
+and their messages, when they come, find them taken and are acknowledged. The messages stay the durable path.
 
 On shutdown the runtime drains: nothing new is admitted, jobs not yet in the engine go
 back to queued at once, jobs in the engine get `drain_timeout_s` to finish, and whatever
@@ -229,7 +228,8 @@ class GpuRuntime:
     def offer(self, job_ids: Sequence[str]) -> None:
         """Single jobs just submitted (see the module doc); returns at once."""
         with self._lock:
-            saturated = self._gate.bulk_waiting > 0 or self._tasks >= self._max_messages
+            # Only batch chunks: a newer single job must not jump older ones.
+            saturated = self._gate.bulk_waiting > 0
         if saturated and not self._draining.is_set() and not self._stopping.is_set():
             self._offers.submit(self._take_offered, list(job_ids))
 

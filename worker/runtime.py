@@ -7,7 +7,8 @@ Single jobs are also offered by pub/sub the moment they are submitted. They are 
 way only when batch chunks wait here for room: then the worker's slots are (or are about
 to be) all held by messages that end only when whole chunks end, and a single job's own
 message could not be fetched until then. The worker claims them straight from Postgres,
-and their messages, when they come, find them taken and are acknowledged. The messages stay the durable path.
+and their messages, when they come, find them taken and are acknowledged. The messages
+stay the durable path.
 
 On shutdown the runtime drains: nothing new is admitted, jobs not yet in the engine go
 back to queued at once, jobs in the engine get `drain_timeout_s` to finish, and whatever

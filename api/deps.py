@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from api.auth import Authenticator
 from api.grouping import Grouped
 from api.ratelimit import RateLimiter
+from api.token_follower import TokenFollower
 from api.waiter import JobWaiter
 from inferq.batch_ops import BatchOperations
 from inferq.celery_app import JobPublisher
@@ -41,6 +42,7 @@ class Services:
     validator: JobValidator
     events: JobEvents
     waiter: JobWaiter
+    follower: TokenFollower
     redis: Redis
     keys: KeyStore
     authenticator: Authenticator

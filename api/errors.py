@@ -22,6 +22,7 @@ from inferq.exceptions import (
     InferqError,
     InvalidRequest,
     InvalidState,
+    JobFailed,
     NotFound,
     RetryLater,
     StoreUnavailable,
@@ -79,6 +80,7 @@ _STATUSES: tuple[tuple[type[InferqError], int, str], ...] = (
     (RetryLater, 429, "rate_limit_error"),
     (StoreUnavailable, 503, "service_unavailable"),
     (BrokerUnavailable, 503, "service_unavailable"),
+    (JobFailed, 500, "server_error"),
 )
 
 
@@ -96,7 +98,7 @@ def _inferq_error(_request: Request, exc: Exception) -> JSONResponse:
     elif status == 503:
         headers["Retry-After"] = RETRY_AFTER_S
         log.warning("service unavailable: %s", exc.message)
-    elif status == 500:
+    elif status == 500 and not isinstance(exc, JobFailed):
         log.error("unmapped inferq error: %s", exc.message)
     code = getattr(exc, "code", None) or {401: "invalid_api_key", 413: "request_too_large"}.get(
         status

@@ -18,8 +18,9 @@ from api.errors import register_error_handlers
 from api.grouping import Grouped
 from api.metrics import ApiMetrics, QueueCollector, RequestMetrics
 from api.ratelimit import RateLimiter
-from api.routes import batches, files, health, jobs, models, status, webhooks
+from api.routes import batches, completions, files, health, jobs, models, status, webhooks
 from api.schemas import JobPublic
+from api.token_follower import TokenFollower
 from api.urlcheck import RefuseNulInUrl
 from api.waiter import JobWaiter
 from inferq import __version__
@@ -75,13 +76,16 @@ def build_services(settings: Settings) -> Services:
         requeue_after_s=settings.requeue_after_s,
         respond=lambda job: JobPublic.from_job(job).model_dump(mode="json"),
     )
+    async_redis = AsyncRedis.from_url(settings.redis_url)
+    waiter = JobWaiter(async_redis, key_prefix=prefix)
     return Services(
         settings=settings,
         store=store,
         publisher=publisher,
         validator=validator,
         events=events,
-        waiter=JobWaiter(AsyncRedis.from_url(settings.redis_url), key_prefix=prefix),
+        waiter=waiter,
+        follower=TokenFollower(async_redis, key_prefix=prefix, waiter=waiter),
         redis=redis,
         keys=keys,
         authenticator=Authenticator(
@@ -164,6 +168,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestMetrics, metrics=metrics)
     app.include_router(health.router)
     app.include_router(jobs.router)
+    app.include_router(completions.router)
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(models.router)

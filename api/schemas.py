@@ -30,6 +30,11 @@ class JobCreate(SamplingFields):
     )
     metadata: Metadata = Field(default_factory=dict)
     priority: Priority = 0
+    stream: bool = Field(
+        False,
+        description="Send the tokens on as they are generated, to follow at "
+        "/v1/jobs/{id}/stream; without it the output comes whole when the job ends.",
+    )
     webhook_url: str | SkipJsonSchema[None] = Field(
         None,
         max_length=2048,
@@ -102,6 +107,7 @@ class JobPublic(BaseModel):
     params: dict[str, Any] = Field(description="The sampling parameters in effect.")
     metadata: dict[str, Any]
     priority: int = Field(description="Lower runs first; 0 is the default.")
+    stream: bool = Field(description="Whether its tokens are sent on as they are generated.")
     choices: list[ChoicePublic] | None = Field(description="The output, once succeeded.")
     usage: Usage | None
     error: JobErrorPublic | None
@@ -130,6 +136,7 @@ class JobPublic(BaseModel):
             params=job.sampling.to_dict(),
             metadata=job.metadata,
             priority=job.priority,
+            stream=job.stream,
             choices=None
             if result is None
             else [ChoicePublic.from_choice(c) for c in result.choices],

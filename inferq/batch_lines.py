@@ -18,15 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from inferq.batches import CHAT_ENDPOINT, LineError
 from inferq.exceptions import InvalidRequest
 from inferq.jobs import JobSpec
-from inferq.requests import (
-    MAX_LOGPROBS,
-    ChatMessage,
-    JobValidator,
-    PreparedRequest,
-    SamplingBase,
-    SamplingFields,
-    check_storable,
-)
+from inferq.openai_bodies import ChatBody, CompletionBody, prepare_body
+from inferq.requests import JobValidator, PreparedRequest, check_storable
 
 CHUNK_LINES = 256
 # Python's JSON parser recurses once a level and stops near the interpreter's limit.
@@ -43,27 +36,6 @@ class BatchLine(BaseModel):
     method: Literal["POST"]
     url: str
     body: dict[str, Any]
-
-
-class _OpenAIBody(SamplingBase):
-    model: str
-    stream: bool = False
-    user: str | None = Field(None, description="Accepted for compatibility; not used.")
-
-
-class ChatBody(_OpenAIBody):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-
-
-class CompletionBody(_OpenAIBody):
-    prompt: str
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-
-
-_SAMPLING_NAMES = set(SamplingBase.model_fields)
 
 
 @dataclass(frozen=True)
@@ -156,30 +128,11 @@ class BatchLineReader:
             )
         try:
             check_storable(envelope.custom_id, "custom_id")
-            return _Prepared(number, envelope.custom_id, self._prepare_body(body))
+            return _Prepared(number, envelope.custom_id, prepare_body(self._validator, body))
         except InvalidRequest as exc:
             param = exc.param if exc.param in ("custom_id", None) else f"body.{exc.param}"
             code = exc.code if exc.code != "invalid_request" else "invalid_parameter"
             raise _Refused(code, number, param, f"{where}: {exc.message}") from exc
-
-    def _prepare_body(self, body: ChatBody | CompletionBody) -> PreparedRequest:
-        common = body.model_dump(include=_SAMPLING_NAMES, exclude_unset=True)
-        if isinstance(body, ChatBody):
-            if body.max_completion_tokens is not None:
-                common["max_tokens"] = body.max_completion_tokens
-            logprobs = (body.top_logprobs or 0) if body.logprobs else None
-            sampling = SamplingFields(**common, logprobs=logprobs)
-            return self._validator.prepare(
-                model=body.model,
-                prompt=None,
-                messages=body.messages,
-                sampling=sampling,
-                metadata={},
-            )
-        sampling = SamplingFields(**common, logprobs=body.logprobs)
-        return self._validator.prepare(
-            model=body.model, prompt=body.prompt, messages=None, sampling=sampling, metadata={}
-        )
 
     def _finish(self, chunk: list[_Prepared | LineError]) -> Iterator[LineSpec | LineError]:
         prepared = [item for item in chunk if isinstance(item, _Prepared)]

@@ -7,54 +7,21 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from inferq.batches import CHAT_ENDPOINT, ResultRow
+from inferq.openai_format import completion_body
 
 
 def output_line(row: ResultRow, *, endpoint: str, model: str) -> dict[str, Any]:
     """A succeeded line: the chat.completion or text_completion a client would get."""
-    created = int(row.finished_at.timestamp()) if row.finished_at else 0
-    completion_tokens = row.completion_tokens or 0
-    usage = {
-        "prompt_tokens": row.prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": row.prompt_tokens + completion_tokens,
-    }
+    body = completion_body(
+        job_id=row.job_id,
+        chat=endpoint == CHAT_ENDPOINT,
+        created=int(row.finished_at.timestamp()) if row.finished_at else 0,
+        model=model,
+        choices=row.choices or [],
+        prompt_tokens=row.prompt_tokens,
+        completion_tokens=row.completion_tokens or 0,
+    )
     suffix = row.job_id.removeprefix("job_")
-    choices = row.choices or []
-    if endpoint == CHAT_ENDPOINT:
-        body: dict[str, Any] = {
-            "id": f"chatcmpl-{suffix}",
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [
-                {
-                    "index": c["index"],
-                    "message": {"role": "assistant", "content": c["text"]},
-                    "finish_reason": c["finish_reason"],
-                    "logprobs": _chat_logprobs(c.get("logprobs")),
-                }
-                for c in choices
-            ],
-            "usage": usage,
-            "system_fingerprint": None,
-        }
-    else:
-        body = {
-            "id": f"cmpl-{suffix}",
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-            "choices": [
-                {
-                    "index": c["index"],
-                    "text": c["text"],
-                    "finish_reason": c["finish_reason"],
-                    "logprobs": _completion_logprobs(c.get("logprobs")),
-                }
-                for c in choices
-            ],
-            "usage": usage,
-        }
     return {
         "id": f"batch_req_{suffix}",
         "custom_id": row.custom_id,
@@ -81,44 +48,6 @@ def render(
     for row in rows:
         line = error_line(row) if errors else output_line(row, endpoint=endpoint, model=model)
         yield _one_line(json.dumps(line, ensure_ascii=False)).encode() + b"\n"
-
-
-def _chat_logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
-    if entries is None:
-        return None
-    return {
-        "content": [
-            {
-                "token": e["token"],
-                "logprob": e["logprob"],
-                "bytes": list(e["token"].encode()),
-                "top_logprobs": [
-                    {
-                        "token": t["token"],
-                        "logprob": t["logprob"],
-                        "bytes": list(t["token"].encode()),
-                    }
-                    for t in e["top_logprobs"]
-                ],
-            }
-            for e in entries
-        ]
-    }
-
-
-def _completion_logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
-    if entries is None:
-        return None
-    offsets, position = [], 0
-    for e in entries:
-        offsets.append(position)
-        position += len(e["token"])
-    return {
-        "tokens": [e["token"] for e in entries],
-        "token_logprobs": [e["logprob"] for e in entries],
-        "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
-        "text_offset": offsets,
-    }
 
 
 # Characters JSON leaves raw that many readers take for line ends (Python's

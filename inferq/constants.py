@@ -23,6 +23,8 @@ JOBS_DONE_CHANNEL: Final = "jobs:done"
 JOBS_CANCEL_CHANNEL: Final = "jobs:cancel"
 # Single jobs just submitted, offered to workers whose message slots are all held.
 JOBS_SUBMITTED_CHANNEL: Final = "jobs:submitted"
+# A streamed job's tokens, as generated: a Redis Stream per job (inferq/token_stream.py).
+TOKENS_STREAM: Final = "tokens"
 # Each API process subscribes to a channel of its own (a name plus a random suffix).
 API_CHANNEL: Final = "api"
 # Set once by maintenance; if it is gone, Redis lost its data and every queued job is
@@ -34,6 +36,8 @@ MAINTENANCE_LAST_RUN_KEY: Final = "maintenance:last-run"
 # HTTP headers.
 IDEMPOTENCY_KEY_HEADER: Final = "Idempotency-Key"
 IDEMPOTENT_REPLAY_HEADER: Final = "Idempotent-Replayed"
+# On online completions: the job that answers the request (see it at /v1/jobs/{id}).
+JOB_ID_HEADER: Final = "Inferq-Job-Id"
 
 # Id prefixes, so an id says what it names.
 JOB_ID_PREFIX: Final = "job_"

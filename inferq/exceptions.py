@@ -31,6 +31,14 @@ class InvalidState(InferqError):
     """The object is not in a state that allows this."""
 
 
+class JobFailed(InferqError):
+    """The request ran and failed; `code` says why (the job keeps its error)."""
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class StoreUnavailable(InferqError):
     """The database could not be reached; try again shortly."""
 

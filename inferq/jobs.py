@@ -93,6 +93,8 @@ class JobSpec:
     sampling: SamplingParams
     metadata: dict[str, Any] = field(default_factory=dict)
     priority: int = 0
+    # Tokens go to Redis as they are generated, for whoever follows the job live.
+    stream: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,6 +197,7 @@ class Job:
     batch_id: str | None = None
     custom_id: str | None = None
     priority: int = 0
+    stream: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -207,6 +210,7 @@ class ClaimedJob:
     created_at: datetime
     batch_id: str | None = None
     priority: int = 0
+    stream: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -153,6 +153,18 @@ class Settings(BaseSettings):
         description="Least time between two bulk writes of results (a result after a quiet "
         "spell is written at once).",
     )
+    stream_max_entries: int = Field(
+        20_000,
+        ge=16,
+        description="Most entries kept in a streamed job's Redis Stream of tokens (one entry "
+        "carries every token a choice made since the last); older ones are trimmed.",
+    )
+    stream_ttl_s: int = Field(
+        600,
+        ge=10,
+        description="How long a streamed job's tokens stay in Redis after the last one, for "
+        "late readers of /v1/jobs/{id}/stream (the result stays in Postgres).",
+    )
 
     worker_metrics_port: int = Field(
         9400, ge=0, le=65535, description="Port of the GPU worker's Prometheus metrics (0: off)."

@@ -9,6 +9,7 @@ from typing import Protocol
 
 from inferq.jobs import JobResult, SamplingParams
 from inferq.settings import Settings
+from inferq.token_stream import JobDelta
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -21,6 +22,8 @@ class EngineRequest:
     created_at: datetime | None = None
     # vLLM's priority: lower is scheduled first (see inferq.jobs.engine_priority).
     priority: int = 0
+    # Report its new tokens after every step (`Engine.deltas`), not only its result.
+    stream: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +45,9 @@ class Engine(Protocol):
 
     def step(self) -> list[Finished]:
         """Run one step; return what finished. Raise `EngineError` if the engine died."""
+
+    def deltas(self) -> list[JobDelta]:
+        """What the last step added to streamed requests (finished ones included)."""
 
     def abort(self, job_ids: Sequence[str]) -> None:
         """Drop requests; they produce nothing."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from inferq.jobs import Choice, JobResult
+from inferq.token_stream import ChoiceDelta, JobDelta
 from worker.engine import EngineRequest, Finished
 
 
@@ -14,6 +15,7 @@ class InstantEngine:
 
     def __init__(self) -> None:
         self._pending: dict[str, EngineRequest] = {}
+        self._deltas: list[JobDelta] = []
 
     def add(self, request: EngineRequest) -> None:
         self._pending[request.job_id] = request
@@ -37,8 +39,12 @@ class InstantEngine:
             )
             for r in self._pending.values()
         ]
+        self._deltas = [_whole(f) for f in done if self._pending[f.job_id].stream]
         self._pending.clear()
         return done
+
+    def deltas(self) -> list[JobDelta]:
+        return self._deltas
 
     def abort(self, job_ids: Sequence[str]) -> None:
         for job_id in job_ids:
@@ -46,6 +52,24 @@ class InstantEngine:
 
     def close(self) -> None:
         self._pending.clear()
+        self._deltas = []
 
     def kv_cache_usage(self) -> float | None:
         return None
+
+
+def _whole(finished: Finished) -> JobDelta:
+    """A finished request's whole output as its one delta."""
+    return JobDelta(
+        job_id=finished.job_id,
+        choices=tuple(
+            ChoiceDelta(
+                index=c.index,
+                text=c.text,
+                offset=0,
+                tokens=c.completion_tokens,
+                finish_reason=c.finish_reason,
+            )
+            for c in finished.result.choices
+        ),
+    )

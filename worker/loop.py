@@ -17,12 +17,13 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from inferq.exceptions import EngineError, RequestRejected
 from inferq.jobs import JobError, JobOutcome
+from inferq.token_stream import RunStarted, TokenEvent
 from worker.admission import AdmissionQueue
 from worker.engine import Engine, EngineRequest
 from worker.metrics import WorkerMetrics
@@ -54,12 +55,16 @@ class EngineLoop:
         max_num_seqs: int,
         interactive_seqs: int = 0,
         max_engine_deaths: int = 3,
+        on_tokens: Callable[[Sequence[TokenEvent]], None] | None = None,
     ) -> None:
+        """`on_tokens` hears, in order, when each streamed request enters the engine and
+        what every step adds to it; it must not block (it runs on the loop's thread)."""
         self._engine = engine
         self._engine_factory = engine_factory
         self._admission = admission
         self._on_outcome = on_outcome
         self._on_fatal = on_fatal
+        self._on_tokens = on_tokens
         self._max_num_seqs = max_num_seqs
         self._interactive_seqs = interactive_seqs
         self._max_engine_deaths = max_engine_deaths
@@ -157,6 +162,8 @@ class EngineLoop:
         except EngineError as exc:
             # Dead before the request went in: keep it, and recover on the next step.
             log.warning("engine died while admitting %s: %s", request.job_id, exc)
+        if request.stream and self._on_tokens is not None:
+            self._on_tokens([RunStarted(job_id=request.job_id)])
         now = datetime.now(UTC)
         self._in_flight[request.job_id] = _InFlight(request, now)
         self._sequences += request.sampling.n
@@ -170,6 +177,8 @@ class EngineLoop:
         except EngineError as exc:
             self._recover(exc)
             return
+        if self._on_tokens is not None and (deltas := self._engine.deltas()):
+            self._on_tokens(deltas)
         for item in finished:
             entry = self._drop(item.job_id)
             if entry is None:  # aborted while it ran

@@ -22,6 +22,7 @@ from inferq.events import JobEvents
 from inferq.exceptions import InferqError
 from inferq.preflight import engine_settings
 from inferq.settings import Settings
+from inferq.token_stream import TokenStreamWriter
 from inferq.workers import WorkerRegistry
 from worker.engine import build_engine
 from worker.heartbeat import Heartbeat
@@ -29,6 +30,7 @@ from worker.job_events import JobEventListener
 from worker.metrics import WorkerMetrics, gpu_names, register_gpu_collector
 from worker.runtime import GpuRuntime
 from worker.tasks import register_gpu_tasks
+from worker.token_publisher import TokenPublisher
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,14 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
     # Before anything loads: one line and a non-zero exit if this host cannot run the model.
     settings = engine_settings(settings)
     engine = build_engine(settings)
+    tokens = TokenPublisher(
+        TokenStreamWriter(
+            redis,
+            key_prefix=settings.redis_key_prefix,
+            max_entries=settings.stream_max_entries,
+            ttl_s=settings.stream_ttl_s,
+        )
+    )
     runtime = GpuRuntime.from_settings(
         settings,
         store=store,
@@ -93,6 +103,7 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
         on_fatal=_die,
         metrics=metrics,
         on_batch_lines_done=_batch_finisher(BatchStore(sessions), publisher),
+        on_tokens=tokens.put,
     )
     cancels = JobEventListener(redis, key_prefix=settings.redis_key_prefix, runtime=runtime)
     app = make_celery(settings)
@@ -107,6 +118,7 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
         ).start()
 
     worker_shutting_down.connect(drain_on_shutdown, weak=False)
+    tokens.start()
     runtime.start()
     cancels.start()
     heartbeat = Heartbeat(
@@ -135,3 +147,4 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
         heartbeat.stop()
         cancels.stop()
         runtime.stop()  # the engine loop closes its engine
+        tokens.stop()

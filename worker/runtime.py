@@ -32,6 +32,7 @@ from inferq.events import FinishedJobs
 from inferq.exceptions import JobsReturned, StoreUnavailable
 from inferq.jobs import ClaimedJob, JobOutcome, engine_priority
 from inferq.settings import Settings
+from inferq.token_stream import TokenEvent
 from worker.admission import AdmissionQueue
 from worker.capacity import CapacityGate
 from worker.engine import Engine, EngineRequest, build_engine
@@ -119,6 +120,7 @@ class GpuRuntime:
         on_fatal: Callable[[BaseException], None],
         metrics: WorkerMetrics,
         on_batch_lines_done: Callable[[set[str]], None] | None = None,
+        on_tokens: Callable[[Sequence[TokenEvent]], None] | None = None,
     ) -> None:
         self._store = store
         self._events = events
@@ -144,6 +146,7 @@ class GpuRuntime:
             max_num_seqs=max_num_seqs,
             interactive_seqs=interactive_seqs,
             max_engine_deaths=max_engine_deaths,
+            on_tokens=on_tokens,
         )
         self._tickets: dict[str, Ticket] = {}
         self._gate = CapacityGate(max_held_jobs, interactive_extra=interactive_held_jobs)
@@ -170,6 +173,7 @@ class GpuRuntime:
         on_fatal: Callable[[BaseException], None],
         metrics: WorkerMetrics,
         on_batch_lines_done: Callable[[set[str]], None] | None = None,
+        on_tokens: Callable[[Sequence[TokenEvent]], None] | None = None,
     ) -> GpuRuntime:
         return cls(
             store=store,
@@ -192,6 +196,7 @@ class GpuRuntime:
             on_fatal=on_fatal,
             metrics=metrics,
             on_batch_lines_done=on_batch_lines_done,
+            on_tokens=on_tokens,
         )
 
     def start(self) -> None:
@@ -276,6 +281,7 @@ class GpuRuntime:
                     sampling=job.sampling,
                     created_at=job.created_at,
                     priority=engine_priority(job.priority, interactive=interactive),
+                    stream=job.stream,
                 )
                 for job in claimed
             ],

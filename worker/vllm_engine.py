@@ -29,6 +29,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from inferq.exceptions import EngineError, EngineStartFailed, RequestRejected
 from inferq.jobs import Choice, JobResult, SamplingParams, TokenLogprob
 from inferq.settings import Settings
+from inferq.token_stream import ChoiceDelta, JobDelta
 from worker.engine import EngineRequest, Finished
 from worker.engine_output import HeldOutput, start_failure
 
@@ -87,6 +88,9 @@ class VllmEngine:
         # vLLM returns the sampled token's logprob beside the top k, so k is kept to tell
         # the alternatives from the sampled token.
         self._top_k_logprobs: dict[str, int] = {}
+        # Streamed requests get per-step deltas from vLLM; their results are built here.
+        self._streams: dict[str, _Streamed] = {}
+        self._deltas: list[JobDelta] = []
 
     @classmethod
     def from_settings(cls, settings: Settings) -> VllmEngine:
@@ -123,15 +127,18 @@ class VllmEngine:
             self._engine.add_request(
                 request.job_id,
                 {"prompt_token_ids": request.prompt_token_ids},
-                _sampling_params(request.sampling),
+                _sampling_params(request.sampling, stream=request.stream),
                 priority=request.priority,
             )
         except EngineDeadError as exc:
             raise EngineError(str(exc)) from exc
         except (ValueError, TypeError) as exc:  # vLLM's way of refusing one request
             raise RequestRejected(f"the engine refused the request: {exc}") from exc
-        if request.sampling.logprobs is not None:
-            self._top_k_logprobs[request.job_id] = request.sampling.logprobs
+        top_k = request.sampling.logprobs
+        if request.stream:
+            self._streams[request.job_id] = _Streamed(len(request.prompt_token_ids), top_k or 0)
+        elif top_k is not None:
+            self._top_k_logprobs[request.job_id] = top_k
         if self._fault_seed is not None and request.sampling.seed == self._fault_seed:
             log.warning("fault hook: request %s kills the engine core", request.job_id)
             self._kill_core()
@@ -144,15 +151,29 @@ class VllmEngine:
             raise EngineError(f"vLLM's engine died: {exc}") from exc
         finally:
             self._step_started = None
-        return [
-            _finished(o, self._top_k_logprobs.pop(o.request_id, 0))
-            for o in outputs
-            if isinstance(o, RequestOutput) and o.finished
-        ]
+        finished: list[Finished] = []
+        self._deltas = []
+        for output in outputs:
+            if not isinstance(output, RequestOutput):
+                continue
+            job_id = output.request_id
+            streamed = self._streams.get(job_id)
+            if streamed is not None:
+                self._deltas.append(streamed.add(output))
+                if output.finished:
+                    del self._streams[job_id]
+                    finished.append(Finished(job_id=job_id, result=streamed.result()))
+            elif output.finished:
+                finished.append(_finished(output, self._top_k_logprobs.pop(job_id, 0)))
+        return finished
+
+    def deltas(self) -> list[JobDelta]:
+        return self._deltas
 
     def abort(self, job_ids: Sequence[str]) -> None:
         for job_id in job_ids:
             self._top_k_logprobs.pop(job_id, None)
+            self._streams.pop(job_id, None)
         try:
             self._engine.abort_request(list(job_ids))
         except EngineDeadError as exc:
@@ -194,7 +215,7 @@ class VllmEngine:
                 return
 
 
-def _sampling_params(params: SamplingParams) -> VllmSamplingParams:
+def _sampling_params(params: SamplingParams, *, stream: bool) -> VllmSamplingParams:
     return VllmSamplingParams(
         n=params.n,
         max_tokens=params.max_tokens,
@@ -209,8 +230,9 @@ def _sampling_params(params: SamplingParams) -> VllmSamplingParams:
         repetition_penalty=params.repetition_penalty,
         logprobs=params.logprobs,
         ignore_eos=params.ignore_eos,
-        # Only the final output: no per-step copies to build and throw away.
-        output_kind=RequestOutputKind.FINAL_ONLY,
+        # Only the final output unless someone follows the tokens: no per-step copies to
+        # build and throw away for batch work.
+        output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
     )
 
 
@@ -251,3 +273,69 @@ def _token_logprob(token_id: int, candidates: Any, top_k: int) -> TokenLogprob:
         logprob=float(sampled.logprob),
         top_logprobs=tuple((c.decoded_token or "", float(c.logprob)) for c in ranked),
     )
+
+
+class _Streamed:
+    """A streamed request's output so far, from vLLM's per-step deltas."""
+
+    def __init__(self, prompt_tokens: int, top_k: int) -> None:
+        self._prompt_tokens = prompt_tokens
+        self._top_k = top_k
+        self._choices: dict[int, _ChoiceSoFar] = {}
+
+    def add(self, output: RequestOutput) -> JobDelta:
+        """Take one step's outputs; return them as a delta."""
+        deltas = []
+        for completion in output.outputs:
+            so_far = self._choices.setdefault(completion.index, _ChoiceSoFar())
+            logprobs = None
+            if completion.logprobs is not None:
+                logprobs = tuple(
+                    _token_logprob(token_id, candidates, self._top_k)
+                    for token_id, candidates in zip(
+                        completion.token_ids, completion.logprobs, strict=False
+                    )
+                )
+            delta = ChoiceDelta(
+                index=completion.index,
+                text=completion.text,
+                offset=so_far.tokens,
+                tokens=len(completion.token_ids),
+                logprobs=logprobs,
+                finish_reason=completion.finish_reason,
+            )
+            so_far.add(delta)
+            deltas.append(delta)
+        return JobDelta(job_id=output.request_id, choices=tuple(deltas))
+
+    def result(self) -> JobResult:
+        return JobResult(
+            choices=tuple(self._choices[i].choice(i) for i in sorted(self._choices)),
+            prompt_tokens=self._prompt_tokens,
+        )
+
+
+class _ChoiceSoFar:
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.tokens = 0
+        self.logprobs: list[TokenLogprob] | None = None
+        self.finish_reason: str | None = None
+
+    def add(self, delta: ChoiceDelta) -> None:
+        self.text.append(delta.text)
+        self.tokens += delta.tokens
+        if delta.logprobs is not None:
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs.extend(delta.logprobs)
+        self.finish_reason = delta.finish_reason or self.finish_reason
+
+    def choice(self, index: int) -> Choice:
+        return Choice(
+            index=index,
+            text="".join(self.text),
+            finish_reason=self.finish_reason,
+            completion_tokens=self.tokens,
+            logprobs=None if self.logprobs is None else tuple(self.logprobs),
+        )

@@ -13,6 +13,7 @@ from typing import Annotated, ParamSpec, TypeVar
 
 from fastapi import APIRouter, Query, Response
 from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import PrincipalDep, Services, ServicesDep
@@ -20,9 +21,10 @@ from api.errors import error_responses
 from api.idempotency import IdempotencyKey, replay, request_hash
 from api.routes.webhooks import webhook_request
 from api.schemas import JobCreate, JobList, JobPublic
+from api.streams import event_stream, job_deltas
+from api.submission import checked, submit
 from inferq.db.idempotency import IdempotentRequest
-from inferq.db.jobs import NewJob
-from inferq.jobs import JobSpec, JobStatus
+from inferq.jobs import Job, JobSpec, JobStatus
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -32,8 +34,6 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(4
 # A waiting request re-reads Postgres this often even without a pub/sub wake-up (the
 # waiter also wakes every request when it reconnects to Redis).
 RECHECK_S = 1.0
-# Prompts longer than this are tokenized in a worker thread, not on the event loop.
-INLINE_PROMPT_CHARS = 8192
 
 
 @router.post(
@@ -47,7 +47,7 @@ async def create_job(
     idempotency_key: IdempotencyKey = None,
 ) -> JobPublic | JSONResponse:
     """Submit a generation job; poll its `url` for the result."""
-    spec = await _maybe_in_thread(_prompt_chars(body) > INLINE_PROMPT_CHARS, _spec, services, body)
+    spec = await checked(_prompt_chars(body), functools.partial(_spec, services, body))
     # Checking a webhook URL may resolve its host name: not on the event loop.
     webhook = await _maybe_in_thread(
         body.webhook_url is not None,
@@ -70,12 +70,7 @@ async def create_job(
         if stored is not None:
             return replay(stored, location=stored.body.get("url"))
     try:
-        await services.rate_limiter.tokens(
-            principal, len(spec.prompt_token_ids) + spec.sampling.max_tokens * spec.sampling.n
-        )
-        job = await services.submit(
-            NewJob(spec=spec, tenant=principal.tenant, webhook=webhook, idempotency=request)
-        )
+        job = await submit(services, principal, spec, webhook=webhook, idempotency=request)
     except BaseException:
         if request is not None:
             await run_in_threadpool(services.idempotency.abandon, request)
@@ -92,7 +87,7 @@ def _spec(services: Services, body: JobCreate) -> JobSpec:
         sampling=body,
         metadata=body.metadata,
     )
-    return dataclasses.replace(spec, priority=body.priority)
+    return dataclasses.replace(spec, priority=body.priority, stream=body.stream)
 
 
 def _prompt_chars(body: JobCreate) -> int:
@@ -138,6 +133,26 @@ async def get_job(
             finally:
                 job = await services.read(read)
     return JobPublic.from_job(job)
+
+
+@router.get(
+    "/{job_id}/stream",
+    response_class=EventSourceResponse,
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events."},
+        **error_responses(404),
+    },
+)
+async def stream_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> Response:
+    """Follow a job live (SSE): its output so far, each new piece as it is generated
+    (`job.delta` events), then the job as stored, then `[DONE]`."""
+    job = await services.read((job_id, principal.scope))
+
+    async def read(job_id: str) -> Job:
+        return await services.read((job_id, principal.scope))
+
+    followed = services.follower.follow(job, read=read, stored=True)
+    return event_stream(job_deltas(followed, job=job))
 
 
 @router.get("", response_model=JobList, responses=error_responses(422))

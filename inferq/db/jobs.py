@@ -255,6 +255,7 @@ class JobStore:
                 JobRow.created_at,
                 JobRow.batch_id,
                 JobRow.priority,
+                JobRow.stream,
             )
             .execution_options(synchronize_session=False)
         )
@@ -268,6 +269,7 @@ class JobStore:
                 created_at=as_utc(row.created_at) or now,
                 batch_id=row.batch_id,
                 priority=row.priority,
+                stream=row.stream,
             )
             for row in rows
         }
@@ -474,6 +476,7 @@ def new_job_row(
         "published_at": now,
         "attempts": 0,
         "priority": spec.priority,
+        "stream": spec.stream,
     }
 
 
@@ -490,6 +493,7 @@ def _new_job(row: dict[str, Any], spec: JobSpec) -> Job:
         prompt_tokens=len(spec.prompt_token_ids),
         created_at=row["created_at"],
         priority=spec.priority,
+        stream=spec.stream,
     )
 
 
@@ -558,4 +562,5 @@ def _job_from_row(row: JobRow) -> Job:
         batch_id=row.batch_id,
         custom_id=row.custom_id,
         priority=row.priority,
+        stream=row.stream,
     )

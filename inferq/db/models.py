@@ -71,6 +71,7 @@ class JobRow(Base):
     webhook_endpoint_id: Mapped[str | None] = mapped_column(String(64))
     webhook_events: Mapped[list[str] | None] = mapped_column(Json)
     priority: Mapped[int] = mapped_column(SmallInteger, default=0, server_default="0")
+    stream: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
 
     __table_args__ = (
         Index("ix_jobs_status_id", "status", "id"),

@@ -1,0 +1,129 @@
+"""OpenAI's online endpoints, `/v1/chat/completions` and `/v1/completions`, over the queue.
+
+Each request is a single job (in Postgres, listed in /v1/jobs, counted by rate limits,
+run ahead of batch lines) answered when it ends, or with `stream: true` as Server-Sent
+Events while it runs. A client that hangs up before the answer cancels its job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from api.deps import PrincipalDep, Services, ServicesDep
+from api.errors import error_responses
+from api.streams import event_stream, openai_chunks
+from api.submission import cancel_abandoned, checked, submit
+from api.token_follower import RECHECK_S, ReadJob
+from inferq.constants import JOB_ID_HEADER
+from inferq.exceptions import InvalidState, JobFailed
+from inferq.jobs import Job, JobSpec, JobStatus
+from inferq.keys import Principal
+from inferq.openai_bodies import ChatBody, CompletionBody, prepare_body
+from inferq.openai_format import completion_body
+
+router = APIRouter(prefix="/v1", tags=["completions"], responses=error_responses(401, 429, 503))
+
+_RESPONSES = {
+    200: {
+        "description": "The completion; with `stream: true`, Server-Sent Events of chunks.",
+        "content": {"application/json": {}, "text/event-stream": {}},
+    },
+    **error_responses(409, 413, 422),
+}
+
+
+@router.post("/chat/completions", response_model=None, responses=_RESPONSES)
+async def chat_completions(
+    body: ChatBody, services: ServicesDep, principal: PrincipalDep, request: Request
+) -> Response:
+    """A chat completion (OpenAI's shape), answered when it ends or streamed."""
+    chars = sum(len(str(m.content)) for m in body.messages)
+    return await _complete(
+        body, chars, chat=True, services=services, principal=principal, request=request
+    )
+
+
+@router.post("/completions", response_model=None, responses=_RESPONSES)
+async def completions(
+    body: CompletionBody, services: ServicesDep, principal: PrincipalDep, request: Request
+) -> Response:
+    """A text completion (OpenAI's shape), answered when it ends or streamed."""
+    return await _complete(
+        body, len(body.prompt), chat=False, services=services, principal=principal, request=request
+    )
+
+
+async def _complete(
+    body: ChatBody | CompletionBody,
+    prompt_chars: int,
+    *,
+    chat: bool,
+    services: Services,
+    principal: Principal,
+    request: Request,
+) -> Response:
+    spec = await checked(prompt_chars, functools.partial(_spec, services, body))
+    job = await submit(services, principal, spec)
+    headers = {JOB_ID_HEADER: job.id}
+    scope = principal.scope
+
+    async def read(job_id: str) -> Job:
+        return await services.read((job_id, scope))
+
+    if body.stream:
+        followed = services.follower.follow(job, read=read)
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        chunks = openai_chunks(
+            followed, job=job, chat=chat, model=job.model, include_usage=include_usage
+        )
+        hangup = functools.partial(cancel_abandoned, services, job.id, scope=scope)
+        return event_stream(chunks, on_hangup=hangup, headers=headers)
+    job = await _ended(job, read=read, services=services, request=request, scope=scope)
+    if job.status is JobStatus.CANCELLED:
+        raise InvalidState(f"the request was cancelled (job {job.id})")
+    if job.status is JobStatus.FAILED or job.result is None:
+        error = job.error
+        raise JobFailed(
+            error.message if error else f"job {job.id} failed",
+            code=error.code if error else "failed",
+        )
+    result = completion_body(
+        job_id=job.id,
+        chat=chat,
+        created=int(job.created_at.timestamp()),
+        model=job.model,
+        choices=[c.to_dict() for c in job.result.choices],
+        prompt_tokens=job.prompt_tokens,
+        completion_tokens=job.result.completion_tokens,
+    )
+    return JSONResponse(result, headers=headers)
+
+
+def _spec(services: Services, body: ChatBody | CompletionBody) -> JobSpec:
+    validator = services.validator
+    prepared = prepare_body(validator, body)
+    [token_ids] = validator.encode([prepared])
+    return dataclasses.replace(validator.finish(prepared, token_ids), stream=body.stream)
+
+
+async def _ended(
+    job: Job, *, read: ReadJob, services: Services, request: Request, scope: str | None
+) -> Job:
+    """The job once it has ended; if the client hangs up first, it is cancelled."""
+    async with services.waiter.watch(job.id) as finished:
+        job = await read(job.id)
+        while not job.status.is_terminal:
+            if await request.is_disconnected():
+                await cancel_abandoned(services, job.id, scope=scope)
+                return job
+            finished.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(finished.wait(), RECHECK_S)
+            job = await read(job.id)
+    return job

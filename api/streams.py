@@ -1,0 +1,162 @@
+"""Server-Sent Events: a followed job rendered as OpenAI's stream chunks or as job deltas,
+and the response that sends them, cancelling the job if the client hangs up first.
+
+An error after the stream has started cannot change the status line any more: it is sent
+as one event with OpenAI's error body (the `openai` client raises it), then `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from typing import Any
+
+from sse_starlette import EventSourceResponse
+
+from api.errors import error_body
+from api.schemas import JobPublic
+from api.token_follower import Ended, OutputRestarted
+from inferq.jobs import Job, JobStatus
+from inferq.openai_format import chat_role_choice, chunk, chunk_choice, usage
+from inferq.token_stream import ChoiceDelta
+
+log = logging.getLogger(__name__)
+
+DONE = "[DONE]"
+# Keep-alive comments on a quiet stream (a long queue wait), for proxies that drop idle
+# connections.
+PING_S = 15
+
+Followed = AsyncIterator[list[ChoiceDelta] | Ended]
+
+
+def _json(data: Mapping[str, Any]) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+def _ended_error(ended: Ended) -> dict[str, Any]:
+    if ended.status is JobStatus.CANCELLED:
+        return error_body(
+            "the request was cancelled", type_="invalid_request_error", code="cancelled"
+        )
+    error = ended.job.error if ended.job is not None else None
+    return error_body(
+        error.message if error else "the request failed",
+        type_="server_error",
+        code=error.code if error else "failed",
+    )
+
+
+async def openai_chunks(
+    followed: Followed, *, job: Job, chat: bool, model: str, include_usage: bool
+) -> AsyncIterator[str]:
+    """A job's output as `chat.completion.chunk`s (role first) or streamed
+    `text_completion`s, one choice a chunk, the finish reason on each choice's last; the
+    usage chunk if asked for; then `[DONE]`."""
+    created = int(job.created_at.timestamp())
+
+    def render(choices: list[dict[str, Any]], usage_: dict[str, int] | None = None) -> str:
+        return _json(
+            chunk(
+                job_id=job.id,
+                chat=chat,
+                created=created,
+                model=model,
+                choices=choices,
+                with_usage=include_usage,
+                usage_=usage_,
+            )
+        )
+
+    if chat:
+        for index in range(job.sampling.n):
+            yield render([chat_role_choice(index)])
+    offsets = [0] * job.sampling.n
+    try:
+        async for item in followed:
+            if isinstance(item, Ended):
+                if item.status is not JobStatus.SUCCEEDED:
+                    yield _json(_ended_error(item))
+                elif include_usage:
+                    yield render([], usage(item.prompt_tokens, item.completion_tokens))
+                break
+            for delta in item:
+                choice = chunk_choice(
+                    chat=chat,
+                    index=delta.index,
+                    text=delta.text,
+                    logprobs=_logprobs(delta),
+                    finish_reason=delta.finish_reason,
+                    text_offset=offsets[delta.index],
+                )
+                offsets[delta.index] += len(delta.text)
+                yield render([choice])
+    except OutputRestarted as exc:
+        yield _json(error_body(exc.message, type_="server_error", code="restarted"))
+    yield DONE
+
+
+async def job_deltas(followed: Followed, *, job: Job) -> AsyncIterator[str]:
+    """A job's output as `job.delta` events, then the job as stored, then `[DONE]`."""
+    try:
+        async for item in followed:
+            if isinstance(item, Ended):
+                assert item.job is not None, "followed with stored=True"
+                yield JobPublic.from_job(item.job).model_dump_json()
+                break
+            choices = [
+                {
+                    "index": d.index,
+                    "text": d.text,
+                    "logprobs": _logprobs(d),
+                    "finish_reason": d.finish_reason,
+                }
+                for d in item
+            ]
+            yield _json({"object": "job.delta", "id": job.id, "choices": choices})
+    except OutputRestarted as exc:
+        yield _json(error_body(exc.message, type_="server_error", code="restarted"))
+    yield DONE
+
+
+def _logprobs(delta: ChoiceDelta) -> list[dict[str, Any]] | None:
+    return None if delta.logprobs is None else [lp.to_dict() for lp in delta.logprobs]
+
+
+# Hang-up handlers still running: held so that they are not collected half-way.
+_cleanups: set[asyncio.Task[None]] = set()
+
+
+def event_stream(
+    events: AsyncIterator[str],
+    *,
+    on_hangup: Callable[[], Coroutine[object, object, None]] | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> EventSourceResponse:
+    """An SSE response of `events`; `on_hangup` runs if the client leaves before `[DONE]`."""
+    completed = False
+
+    async def body() -> AsyncIterator[str]:
+        nonlocal completed
+        async for data in events:
+            if data == DONE:
+                completed = True
+            yield data
+
+    async def closed(_message: object) -> None:
+        if completed or on_hangup is None:
+            return
+        # In a task of its own: the response's tasks are being cancelled.
+        task = asyncio.get_running_loop().create_task(on_hangup())
+        _cleanups.add(task)
+        task.add_done_callback(_cleanups.discard)
+
+    return EventSourceResponse(
+        body(),
+        headers=dict(headers or {}),
+        ping=PING_S,
+        sep="\n",
+        client_close_handler_callable=closed,
+    )

@@ -10,6 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from inferq.jobs import JobOutcome, SamplingParams
+from inferq.token_stream import JobDelta, RunStarted, TokenEvent
 from tests.helpers.fakes import StepEngine
 from worker.admission import AdmissionQueue
 from worker.engine import EngineRequest
@@ -30,6 +31,7 @@ class Harness:
         self._replacement = replacement
         self.outcomes: dict[str, JobOutcome] = {}
         self.fatal: list[BaseException] = []
+        self.tokens: list[TokenEvent] = []
         self._done = threading.Condition()
         self.admission = AdmissionQueue(max_batch_size=max_batch_size, max_batch_delay_ms=0)
         self.registry = CollectorRegistry()
@@ -42,6 +44,7 @@ class Harness:
             metrics=WorkerMetrics(self.registry),
             max_num_seqs=max_num_seqs,
             max_engine_deaths=3,
+            on_tokens=self.tokens.extend,
         )
 
     def _new_engine(self) -> StepEngine:
@@ -58,11 +61,14 @@ class Harness:
         value = self.registry.get_sample_value(name, labels)
         return 0.0 if value is None else value
 
-    def submit(self, lengths: dict[str, int]) -> None:
+    def submit(self, lengths: dict[str, int], *, stream: bool = False) -> None:
         self.admission.put(
             [
                 EngineRequest(
-                    job_id=job_id, prompt_token_ids=[1, 2], sampling=SamplingParams(max_tokens=n)
+                    job_id=job_id,
+                    prompt_token_ids=[1, 2],
+                    sampling=SamplingParams(max_tokens=n),
+                    stream=stream,
                 )
                 for job_id, n in lengths.items()
             ],
@@ -194,3 +200,40 @@ def test_the_in_flight_gauge_follows_the_engine(make_harness) -> None:
     assert harness.metric("inferq_sequences_in_flight") == 1
     assert harness.metric("inferq_jobs_finished_total", outcome="aborted", reason="cancelled") == 1
     harness.loop.abort(["other"])
+
+
+def test_streamed_requests_report_their_start_and_every_step_and_others_nothing(
+    make_harness,
+) -> None:
+    harness = make_harness(engine=StepEngine(), max_num_seqs=4)
+    harness.submit({"quiet": 3})
+    harness.submit({"loud": 3}, stream=True)
+    harness.wait_for(2)
+    assert harness.tokens[0] == RunStarted(job_id="loud")
+    deltas = harness.tokens[1:]
+    assert all(isinstance(d, JobDelta) and d.job_id == "loud" for d in deltas)
+    choices = [c for d in deltas if isinstance(d, JobDelta) for c in d.choices]
+    assert [(c.offset, c.tokens, c.finish_reason) for c in choices] == [
+        (0, 1, None),
+        (1, 1, None),
+        (2, 1, "length"),
+    ]
+    result = harness.outcomes["loud"].result
+    assert result is not None
+    assert result.choices[0].text == "".join(c.text for c in choices)
+
+
+def test_a_streamed_request_readmitted_after_an_engine_death_starts_again(make_harness) -> None:
+    harness = make_harness(
+        engine=StepEngine(poison="poison"),
+        max_num_seqs=8,
+        replacement=lambda: StepEngine(poison="poison"),
+    )
+    harness.submit({"loud": 4}, stream=True)
+    harness.submit({"poison": 1})
+    harness.wait_for(2)
+    starts = [e for e in harness.tokens if isinstance(e, RunStarted)]
+    # Admitted, then re-admitted after each of the poison's three engine deaths (the last
+    # time alone, on probation).
+    assert len(starts) >= 2
+    assert harness.outcomes["loud"].result is not None

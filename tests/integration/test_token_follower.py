@@ -1,0 +1,93 @@
+"""Following a job's tokens through real Redis: a gap in the stream, or a run that starts
+again, is never passed on as if it were the output."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from datetime import UTC, datetime
+
+import pytest
+from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
+
+from api.token_follower import Ended, OutputRestarted, TokenFollower
+from api.waiter import JobWaiter
+from inferq.jobs import Choice, Job, JobResult, JobStatus, SamplingParams
+from inferq.token_stream import ChoiceDelta, JobDelta, RunStarted, TokenEvent, TokenStreamWriter
+from tests.conftest import REDIS_URL
+
+TEXT = "the whole answer"
+
+
+def running_job() -> Job:
+    return Job(
+        id="job_follow",
+        tenant="t",
+        status=JobStatus.RUNNING,
+        model="m",
+        prompt="p",
+        messages=None,
+        sampling=SamplingParams(max_tokens=16),
+        metadata={},
+        prompt_tokens=3,
+        created_at=datetime.now(UTC),
+        stream=True,
+    )
+
+
+def succeeded(job: Job) -> Job:
+    result = JobResult(
+        choices=(Choice(index=0, text=TEXT, finish_reason="stop", completion_tokens=3),),
+        prompt_tokens=3,
+    )
+    return dataclasses.replace(job, status=JobStatus.SUCCEEDED, result=result)
+
+
+def piece(text: str, offset: int) -> JobDelta:
+    return JobDelta(
+        job_id="job_follow",
+        choices=(ChoiceDelta(index=0, text=text, offset=offset, tokens=1),),
+    )
+
+
+@pytest.fixture
+def follow(key_prefix: str) -> object:
+    def run(events: list[TokenEvent], stored: Job) -> list[object]:
+        TokenStreamWriter(
+            Redis.from_url(REDIS_URL), key_prefix=key_prefix, max_entries=100, ttl_s=60
+        ).write(events)
+
+        async def read(_job_id: str) -> Job:
+            return stored
+
+        async def collect() -> list[object]:
+            redis = AsyncRedis.from_url(REDIS_URL)
+            waiter = JobWaiter(redis, key_prefix=key_prefix)
+            follower = TokenFollower(redis, key_prefix=key_prefix, waiter=waiter)
+            try:
+                return [item async for item in follower.follow(running_job(), read=read)]
+            finally:
+                await redis.aclose()
+
+        return asyncio.run(collect())
+
+    return run
+
+
+def test_a_gap_is_filled_from_the_stored_result(follow) -> None:
+    job = running_job()
+    # The entry of token 1 is missing: the rest comes from Postgres once the job ended.
+    out = follow([RunStarted(job_id=job.id), piece("the ", 0), piece("answer", 2)], succeeded(job))
+    deltas = [d for item in out if isinstance(item, list) for d in item]
+    assert "".join(d.text for d in deltas) == TEXT
+    assert [d.text for d in deltas] == ["the ", "whole answer"]
+    assert isinstance(out[-1], Ended)
+    assert out[-1].status is JobStatus.SUCCEEDED
+
+
+def test_a_run_that_starts_again_after_output_was_sent_is_an_error(follow) -> None:
+    job = running_job()
+    events: list[TokenEvent] = [RunStarted(job_id=job.id), piece("a", 0), RunStarted(job_id=job.id)]
+    with pytest.raises(OutputRestarted, match="running again"):
+        follow(events, succeeded(job))

@@ -179,6 +179,27 @@ def test_a_client_that_hangs_up_mid_stream_cancels_its_request(stack: Stack) -> 
         time.sleep(0.1)
 
 
+def test_a_client_that_gives_up_waiting_for_an_unstreamed_answer_cancels_it(stack: Stack) -> None:
+    body = {
+        "model": MODEL_NAME,
+        "prompt": "A long story",
+        "max_tokens": 900,
+        "ignore_eos": True,
+    }
+    with (
+        httpx.Client(
+            base_url=stack.url, headers=stack.headers(), timeout=httpx.Timeout(60, read=1.5)
+        ) as client,
+        pytest.raises(httpx.ReadTimeout),
+    ):
+        client.post("/v1/completions", json=body)
+    # The request never said which job it was: find it among the jobs.
+    with stack.client() as client:
+        newest = client.get("/v1/jobs", params={"limit": 1}).json()["data"][0]
+    assert newest["params"]["max_tokens"] == 900
+    assert wait_job(stack, newest["id"], "cancelled")["choices"] is None
+
+
 def test_an_error_after_the_stream_started_arrives_as_an_event(stack: Stack) -> None:
     client = client_for(stack)
     stream = client.chat.completions.create(

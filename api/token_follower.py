@@ -11,21 +11,17 @@ output, or the rest of it, comes once the job has ended.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from api.waiter import JobWaiter
+from api.waiter import RECHECK_S, JobWaiter, ReadJob
 from inferq.exceptions import InferqError
 from inferq.jobs import Job, JobStatus
 from inferq.token_stream import ChoiceDelta, decode_entry, tokens_key
 
-# How long one blocking read waits before the job is looked up in Postgres.
-RECHECK_S = 1.0
 # Most entries taken in one read.
 READ_ENTRIES = 512
 
@@ -112,9 +108,6 @@ class _Progress:
         return rest
 
 
-ReadJob = Callable[[str], Awaitable[Job]]
-
-
 class TokenFollower:
     """Follows jobs for this API process's streaming responses."""
 
@@ -138,13 +131,7 @@ class TokenFollower:
             if progress.finished and not aborted and not stored:
                 yield Ended(JobStatus.SUCCEEDED, job.prompt_tokens, progress.tokens)
                 return
-        async with self._waiter.watch(job.id) as finished:
-            job = await read(job.id)
-            while not job.status.is_terminal:
-                finished.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(finished.wait(), RECHECK_S)
-                job = await read(job.id)
+        job = await self._waiter.until_ended(job.id, read)
         if job.status is JobStatus.SUCCEEDED and (rest := progress.rest(job)):
             yield rest
         completion_tokens = job.result.completion_tokens if job.result else progress.tokens
@@ -160,7 +147,9 @@ class TokenFollower:
         while not progress.finished:
             try:
                 reply = await self._redis.xread(
-                    {key: last}, count=READ_ENTRIES, block=int(RECHECK_S * 1000)
+                    {key: last},
+                    count=READ_ENTRIES,
+                    block=int(RECHECK_S * 1000),  # then look in Postgres
                 )
             except RedisError:
                 return  # Redis is out of reach: the stored result will do

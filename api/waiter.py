@@ -11,7 +11,8 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
@@ -19,6 +20,7 @@ from redis.exceptions import RedisError
 
 from inferq.constants import API_CHANNEL
 from inferq.events import done_channel
+from inferq.jobs import Job
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +28,11 @@ log = logging.getLogger(__name__)
 # anyway (it then relies on the re-read timer, as when Redis is down).
 SUBSCRIBE_TIMEOUT_S = 1.0
 RECONNECT_S = 1.0
+# A waiting request re-reads Postgres this often even without a pub/sub wake-up (the
+# waiter also wakes every request when it reconnects to Redis).
+RECHECK_S = 1.0
+
+ReadJob = Callable[[str], Awaitable[Job]]
 
 
 class JobWaiter:
@@ -70,6 +77,30 @@ class JobWaiter:
             if not watchers and self._watchers.get(channel) is watchers:
                 del self._watchers[channel]
                 await self._unsubscribe(channel)
+
+    async def until_ended(
+        self,
+        job_id: str,
+        read: ReadJob,
+        *,
+        timeout_s: float | None = None,
+        give_up: Callable[[], Awaitable[bool]] | None = None,
+    ) -> Job:
+        """The job (`read(job_id)`) once it has ended, or as it is when `timeout_s` has
+        passed or `give_up()` says so (asked between re-reads)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        async with self.watch(job_id) as finished:
+            # Read only once the subscription is in place, so no announced end is missed.
+            job = await read(job_id)
+            while not job.status.is_terminal:
+                left = RECHECK_S if deadline is None else deadline - time.monotonic()
+                if left <= 0 or (give_up is not None and await give_up()):
+                    break
+                finished.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(finished.wait(), min(left, RECHECK_S))
+                job = await read(job_id)
+        return job
 
     async def _subscribe(self, channel: str) -> None:
         pubsub = self._pubsub

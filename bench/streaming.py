@@ -41,7 +41,7 @@ STREAM_REQUESTS = {1: 40, 16: 320, 64: 640}
 
 
 async def streamed(client: aiohttp.ClientSession, body: dict[str, Any]) -> dict[str, Any]:
-    """One streamed chat completion: when each chunk with content came, and its usage."""
+    """One streamed chat completion: when each chunk of output came, and its usage."""
     started = time.perf_counter()
     stamps: list[float] = []
     usage = None
@@ -58,10 +58,12 @@ async def streamed(client: aiohttp.ClientSession, body: dict[str, Any]) -> dict[
                 raise RuntimeError(f"stream error: {chunk['error']}")
             if chunk.get("usage"):
                 usage = chunk["usage"]
-            if any(c.get("delta", {}).get("content") for c in chunk["choices"]):
+            # Every chunk of output counts, the finishing one too (a random model may make
+            # tokens that decode to nothing until the end), but not the role chunk.
+            if any("role" not in c.get("delta", {}) for c in chunk["choices"]):
                 stamps.append(time.perf_counter())
     if not stamps or usage is None:
-        raise RuntimeError("a stream ended without content or usage")
+        raise RuntimeError(f"a stream ended without output ({len(stamps)}) or usage ({usage})")
     tokens = int(usage["completion_tokens"])
     return {
         "ttft_s": stamps[0] - started,

@@ -7,8 +7,6 @@ Events while it runs. A client that hangs up before the answer cancels its job.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import functools
 
@@ -19,7 +17,7 @@ from api.deps import PrincipalDep, Services, ServicesDep
 from api.errors import error_responses
 from api.streams import event_stream, openai_chunks
 from api.submission import cancel_abandoned, checked, submit
-from api.token_follower import RECHECK_S, ReadJob
+from api.waiter import ReadJob
 from inferq.constants import JOB_ID_HEADER
 from inferq.exceptions import InvalidState, JobFailed
 from inferq.jobs import Job, JobSpec, JobStatus
@@ -116,14 +114,7 @@ async def _ended(
     job: Job, *, read: ReadJob, services: Services, request: Request, scope: str | None
 ) -> Job:
     """The job once it has ended; if the client hangs up first, it is cancelled."""
-    async with services.waiter.watch(job.id) as finished:
-        job = await read(job.id)
-        while not job.status.is_terminal:
-            if await request.is_disconnected():
-                await cancel_abandoned(services, job.id, scope=scope)
-                return job
-            finished.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(finished.wait(), RECHECK_S)
-            job = await read(job.id)
+    job = await services.waiter.until_ended(job.id, read, give_up=request.is_disconnected)
+    if not job.status.is_terminal:
+        await cancel_abandoned(services, job.id, scope=scope)
     return job

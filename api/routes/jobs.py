@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import functools
 import logging
-import time
 from collections.abc import Callable
 from typing import Annotated, ParamSpec, TypeVar
 
@@ -30,10 +27,6 @@ P = ParamSpec("P")
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401, 429, 503))
-
-# A waiting request re-reads Postgres this often even without a pub/sub wake-up (the
-# waiter also wakes every request when it reconnects to Redis).
-RECHECK_S = 1.0
 
 
 @router.post(
@@ -119,19 +112,16 @@ async def get_job(
     ] = 0,
 ) -> JobPublic:
     """A job's state and, once it has ended, its result or error."""
-    deadline = time.monotonic() + min(wait, services.settings.max_wait_s)
     read = (job_id, principal.scope)
     if wait <= 0:
         return JobPublic.from_job(await services.read(read))
-    async with services.waiter.watch(job_id) as finished:
-        # Read only once the subscription is in place, so no announced end is missed.
-        job = await services.read(read)
-        while not job.status.is_terminal and (left := deadline - time.monotonic()) > 0:
-            finished.clear()
-            try:
-                await _wait_for(finished, min(left, RECHECK_S))
-            finally:
-                job = await services.read(read)
+
+    async def reread(_: str) -> Job:
+        return await services.read(read)
+
+    job = await services.waiter.until_ended(
+        job_id, reread, timeout_s=min(wait, services.settings.max_wait_s)
+    )
     return JobPublic.from_job(job)
 
 
@@ -191,8 +181,3 @@ async def cancel_job(job_id: str, services: ServicesDep, principal: PrincipalDep
         functools.partial(services.job_ops.cancel, job_id, scope=principal.scope)
     )
     return JobPublic.from_job(job)
-
-
-async def _wait_for(event: asyncio.Event, timeout_s: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(event.wait(), timeout_s)

@@ -5,6 +5,7 @@ Postgres, all real processes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from typing import Any
@@ -40,6 +41,17 @@ def wait_job(stack: Stack, job_id: str, status: str, timeout_s: float = 60) -> d
                 return job
             assert time.monotonic() < deadline, job
             assert job["status"] in {"queued", "running"}, job
+
+
+def long_stream(client: OpenAI) -> Any:
+    """A streamed chat of 900 tokens: seconds of output on the tiny model."""
+    return client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=CHAT,
+        max_tokens=900,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
 
 
 def sse_data(lines: list[str]) -> list[str]:
@@ -155,13 +167,7 @@ def test_raw_sse_is_openai_chunks_then_done(stack: Stack) -> None:
 def test_a_client_that_hangs_up_mid_stream_cancels_its_request(stack: Stack) -> None:
     before = scrape(stack.worker.metrics_url)
     client = client_for(stack)
-    stream = client.chat.completions.create(
-        model=MODEL_NAME,
-        messages=CHAT,
-        max_tokens=900,
-        stream=True,
-        extra_body={"ignore_eos": True},
-    )
+    stream = long_stream(client)
     seen = []
     for chunk in stream:
         seen.append(chunk)
@@ -180,35 +186,33 @@ def test_a_client_that_hangs_up_mid_stream_cancels_its_request(stack: Stack) -> 
 
 
 def test_a_client_that_gives_up_waiting_for_an_unstreamed_answer_cancels_it(stack: Stack) -> None:
-    body = {
-        "model": MODEL_NAME,
-        "prompt": "A long story",
-        "max_tokens": 900,
-        "ignore_eos": True,
-    }
-    with (
-        httpx.Client(
-            base_url=stack.url, headers=stack.headers(), timeout=httpx.Timeout(60, read=1.5)
-        ) as client,
-        pytest.raises(httpx.ReadTimeout),
-    ):
-        client.post("/v1/completions", json=body)
-    # The request never said which job it was: find it among the jobs.
-    with stack.client() as client:
-        newest = client.get("/v1/jobs", params={"limit": 1}).json()["data"][0]
-    assert newest["params"]["max_tokens"] == 900
-    assert wait_job(stack, newest["id"], "cancelled")["choices"] is None
+    body = {"model": MODEL_NAME, "prompt": "A long story", "max_tokens": 900, "ignore_eos": True}
+
+    async def give_up_once_running() -> str:
+        async with stack.async_client() as client:
+            request = asyncio.create_task(client.post("/v1/completions", json=body))
+            # The request never says which job it is before it ends: find it among the jobs.
+            while True:
+                assert not request.done(), request
+                jobs = (await client.get("/v1/jobs", params={"limit": 1})).json()["data"]
+                if jobs and jobs[0]["status"] == "running":
+                    break
+                await asyncio.sleep(0.05)
+            request.cancel()  # closes the connection: the client hangs up
+            with contextlib.suppress(asyncio.CancelledError):
+                await request
+            job_id: str = jobs[0]["id"]
+            return job_id
+
+    job_id = asyncio.run(give_up_once_running())
+    job = wait_job(stack, job_id, "cancelled")
+    assert job["params"]["max_tokens"] == 900
+    assert job["choices"] is None
 
 
 def test_an_error_after_the_stream_started_arrives_as_an_event(stack: Stack) -> None:
     client = client_for(stack)
-    stream = client.chat.completions.create(
-        model=MODEL_NAME,
-        messages=CHAT,
-        max_tokens=900,
-        stream=True,
-        extra_body={"ignore_eos": True},
-    )
+    stream = long_stream(client)
     cancelled = []
     with pytest.raises(openai.APIError, match="cancelled"):  # noqa: PT012
         for chunk in stream:

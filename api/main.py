@@ -55,13 +55,7 @@ def build_services(settings: Settings) -> Services:
     sessions = make_sessions(make_engine(settings.database_url))
     keys = KeyStore(sessions)
     prefix = settings.redis_key_prefix
-    validator = JobValidator(
-        renderer,
-        model_name=settings.model_name,
-        default_max_tokens=settings.default_max_tokens,
-        max_n=settings.max_n,
-        max_tokens_cap=settings.max_tokens_cap,
-    )
+    validator = JobValidator.from_settings(renderer, settings)
     publisher = JobPublisher.from_settings(settings)
     events = JobEvents(redis, key_prefix=prefix)
     files = FileStore(sessions)

@@ -69,12 +69,21 @@ class TokenLogprobPublic(BaseModel):
     top_logprobs: list[TopLogprob]
 
 
+class ToolCallPublic(BaseModel):
+    id: str
+    name: str
+    arguments: str = Field(description="The call's arguments, as JSON text.")
+
+
 class ChoicePublic(BaseModel):
     index: int
     text: str
-    finish_reason: str | None = Field(description="`stop`, `length` or `abort`.")
+    finish_reason: str | None = Field(description="`stop`, `length`, `tool_calls` or `abort`.")
     completion_tokens: int
     logprobs: list[TokenLogprobPublic] | None = None
+    tool_calls: list[ToolCallPublic] | None = Field(
+        None, description="The functions the model called (chats with `tools`)."
+    )
 
     @classmethod
     def from_choice(cls, choice: Choice) -> ChoicePublic:

@@ -18,8 +18,8 @@ from sse_starlette import EventSourceResponse
 from api.errors import error_body
 from api.schemas import JobPublic
 from api.token_follower import Ended, OutputRestarted
-from inferq.jobs import Job, JobStatus
-from inferq.openai_format import chat_role_choice, chunk, chunk_choice, usage
+from inferq.jobs import Choice, Job, JobStatus
+from inferq.openai_format import chat_role_choice, chunk, chunk_choice, tool_call, usage
 from inferq.token_stream import ChoiceDelta
 
 log = logging.getLogger(__name__)
@@ -54,8 +54,13 @@ async def openai_chunks(
 ) -> AsyncIterator[str]:
     """A job's output as `chat.completion.chunk`s (role first) or streamed
     `text_completion`s, one choice a chunk, the finish reason on each choice's last; the
-    usage chunk if asked for; then `[DONE]`."""
+    usage chunk if asked for; then `[DONE]`.
+
+    A chat whose output may hold tool calls is sent once it has ended (follow it with
+    `stored=True`): the calls are read out of the whole output, and its raw text must not
+    reach the client as content first."""
     created = int(job.created_at.timestamp())
+    held = holds_output(job, chat=chat)
 
     def render(choices: list[dict[str, Any]], usage_: dict[str, int] | None = None) -> str:
         return _json(
@@ -77,12 +82,10 @@ async def openai_chunks(
     try:
         async for item in followed:
             if isinstance(item, Ended):
-                if item.status is not JobStatus.SUCCEEDED:
-                    yield _json(_ended_error(item))
-                elif include_usage:
-                    yield render([], usage(item.prompt_tokens, item.completion_tokens))
+                for event in _ending(item, held=held, include_usage=include_usage, render=render):
+                    yield event
                 break
-            for delta in item:
+            for delta in [] if held else item:
                 choice = chunk_choice(
                     chat=chat,
                     index=delta.index,
@@ -119,6 +122,68 @@ async def job_deltas(followed: Followed, *, job: Job) -> AsyncIterator[str]:
     except OutputRestarted as exc:
         yield _json(error_body(exc.message, type_="server_error", code="restarted"))
     yield DONE
+
+
+def _ending(
+    ended: Ended,
+    *,
+    held: bool,
+    include_usage: bool,
+    render: Callable[[list[dict[str, Any]], dict[str, int] | None], str],
+) -> list[str]:
+    """The last events of a stream: an error, or the held output and the usage chunk."""
+    if ended.status is not JobStatus.SUCCEEDED:
+        return [_json(_ended_error(ended))]
+    events: list[str] = []
+    if held:
+        assert ended.job is not None, "followed with stored=True"
+        assert ended.job.result is not None, "a succeeded job has its result"
+        for whole in ended.job.result.choices:
+            events.extend(render([c], None) for c in _whole_chat_choice(whole))
+    if include_usage:
+        events.append(render([], usage(ended.prompt_tokens, ended.completion_tokens)))
+    return events
+
+
+def holds_output(job: Job, *, chat: bool) -> bool:
+    """Whether `openai_chunks` sends this job's output only once it has ended."""
+    return chat and job.sampling.tool_choice is not None
+
+
+def _whole_chat_choice(choice: Choice) -> list[dict[str, Any]]:
+    """A finished chat choice as stream choices: its text, its tool calls, its end."""
+    data = choice.to_dict()
+    rendered = []
+    if choice.text or not choice.tool_calls:
+        rendered.append(
+            chunk_choice(
+                chat=True,
+                index=choice.index,
+                text=choice.text,
+                logprobs=data["logprobs"],
+                finish_reason=None,
+                text_offset=0,
+            )
+        )
+    if choice.tool_calls:
+        calls = [tool_call(call, index=i) for i, call in enumerate(data["tool_calls"])]
+        rendered.append(
+            {
+                "index": choice.index,
+                "delta": {"tool_calls": calls},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        )
+    rendered.append(
+        {
+            "index": choice.index,
+            "delta": {},
+            "logprobs": None,
+            "finish_reason": choice.finish_reason,
+        }
+    )
+    return rendered
 
 
 def _logprobs(delta: ChoiceDelta) -> list[dict[str, Any]] | None:

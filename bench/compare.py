@@ -139,7 +139,9 @@ def inferq(model: Path, workdir: Path, **extra: str) -> Iterator[str]:
         yield base_url
 
 
-def run_inferq_batch(base_url: str, batch_file: Path) -> dict[str, Any]:
+def run_inferq_batch(
+    base_url: str, batch_file: Path, *, keep_outputs: bool = False
+) -> dict[str, Any]:
     client = openai.OpenAI(base_url=base_url + "/v1", api_key=stack.ADMIN_KEY, timeout=3600)
     started = time.perf_counter()
     with batch_file.open("rb") as f:
@@ -156,7 +158,8 @@ def run_inferq_batch(base_url: str, batch_file: Path) -> dict[str, Any]:
     seconds = time.perf_counter() - started
     lines = [json.loads(line) for line in content.splitlines()]
     tokens = sum(line["response"]["body"]["usage"]["completion_tokens"] for line in lines)
-    return throughput(seconds, tokens, len(lines))
+    extra = {"outputs": lines} if keep_outputs else {}
+    return throughput(seconds, tokens, len(lines), **extra)
 
 
 def run_idle(base_url: str, body: dict[str, Any], count: int) -> dict[str, Any]:

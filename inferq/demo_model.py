@@ -37,12 +37,29 @@ _SPECIAL = (
     "<|start_header_id|>",
     "<|end_header_id|>",
     "<|eot_id|>",
+    # Llama 3.1 marks tool calls with it; vLLM's `llama3_json` tool parser looks it up.
+    "<|python_tag|>",
 )
-# Llama 3's chat layout, in miniature.
+# Llama 3's chat layout, in miniature, with Llama 3.1's JSON tool calls: the tools go
+# before the last user turn, a call is `{"name": ..., "parameters": ...}`, and a tool's
+# answer comes back as `ipython`.
 _CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}"
-    "<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>"
-    "{% endfor %}"
+    "{% if m['role'] == 'tool' %}"
+    "<|start_header_id|>ipython<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>"
+    "{% elif m.get('tool_calls') %}"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n{% for c in m['tool_calls'] %}"
+    "{\"name\": {{ c['function']['name'] | tojson }}, "
+    "\"parameters\": {{ c['function']['arguments'] | tojson }}}"
+    "{% endfor %}<|eot_id|>"
+    "{% else %}"
+    "<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+    "{% if tools and loop.last and m['role'] == 'user' %}"
+    "Given the following functions, respond with a JSON for a function call "
+    '({"name": function name, "parameters": its arguments}) that best answers the '
+    "prompt.\n\n{% for t in tools %}{{ t | tojson }}\n\n{% endfor %}{% endif %}"
+    "{{ m['content'] }}<|eot_id|>"
+    "{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
 )
 
@@ -78,7 +95,7 @@ BENCH = DemoShape(
 def build_demo_model(path: Path, shape: DemoShape = TINY, *, seed: int = 0) -> Path:
     """Write the model to `path` (if not already there with this shape) and return it."""
     marker = path / MARKER
-    recipe = {"shape": asdict(shape), "seed": seed, "version": 1}
+    recipe = {"shape": asdict(shape), "seed": seed, "version": 2}
     if marker.exists() and json.loads(marker.read_text()) == recipe:
         return path
     path.mkdir(parents=True, exist_ok=True)

@@ -51,6 +51,13 @@ class SamplingParams:
     n: int = 1
     logprobs: int | None = None
     ignore_eos: bool = False
+    # What the output must match, in vLLM's StructuredOutputsParams terms: one of `json`
+    # (a schema), `json_object`, `regex`, `choice` or `grammar` (`inferq.structured`).
+    structured: Mapping[str, Any] | None = None
+    # How to read tool calls out of the output: {"type": "auto"} (the tool-call parser),
+    # {"type": "required"} (a JSON array of calls) or {"type": "function", "name": ...}
+    # (the output is that function's arguments). None: the output is text.
+    tool_choice: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         # Not `dataclasses.asdict`: its deep copy is most of the cost of storing a batch line.
@@ -122,33 +129,56 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ToolCall:
+    """A function call read out of a chat's output; `arguments` is JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ToolCall:
+        return cls(id=data["id"], name=data["name"], arguments=data["arguments"])
+
+
+@dataclass(frozen=True, kw_only=True)
 class Choice:
-    """One generated completion (a job has `n` of them)."""
+    """One generated completion (a job has `n` of them). With `tool_calls`, `text` is
+    what the output said besides the calls (often nothing)."""
 
     index: int
     text: str
     finish_reason: str | None
     completion_tokens: int
     logprobs: tuple[TokenLogprob, ...] | None = None
+    tool_calls: tuple[ToolCall, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "index": self.index,
             "text": self.text,
             "finish_reason": self.finish_reason,
             "completion_tokens": self.completion_tokens,
             "logprobs": None if self.logprobs is None else [lp.to_dict() for lp in self.logprobs],
         }
+        if self.tool_calls is not None:
+            data["tool_calls"] = [call.to_dict() for call in self.tool_calls]
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Choice:
         logprobs = data.get("logprobs")
+        calls = data.get("tool_calls")
         return cls(
             index=data["index"],
             text=data["text"],
             finish_reason=data["finish_reason"],
             completion_tokens=data["completion_tokens"],
             logprobs=None if logprobs is None else tuple(map(TokenLogprob.from_dict, logprobs)),
+            tool_calls=None if calls is None else tuple(map(ToolCall.from_dict, calls)),
         )
 
 

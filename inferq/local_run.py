@@ -130,13 +130,7 @@ class LocalRun:
         renderer = PromptRenderer.load(
             settings.tokenizer_name, max_model_len=settings.max_model_len
         )
-        validator = JobValidator(
-            renderer,
-            model_name=settings.model_name,
-            default_max_tokens=settings.default_max_tokens,
-            max_n=settings.max_n,
-            max_tokens_cap=settings.max_tokens_cap,
-        )
+        validator = JobValidator.from_settings(renderer, settings)
         with source.open("rb") as f:
             stored = self._files.upload(
                 tenant=LOCAL_TENANT,

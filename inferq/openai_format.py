@@ -45,7 +45,7 @@ def completion_body(
             "choices": [
                 {
                     "index": c["index"],
-                    "message": {"role": "assistant", "content": c["text"]},
+                    "message": chat_message(c),
                     "finish_reason": c["finish_reason"],
                     "logprobs": chat_logprobs(c.get("logprobs")),
                 }
@@ -70,6 +70,28 @@ def completion_body(
         ],
         "usage": usage(prompt_tokens, completion_tokens),
     }
+
+
+def chat_message(choice: dict[str, Any]) -> dict[str, Any]:
+    """A chat choice's `message`: its text, and its tool calls if it made any."""
+    calls = choice.get("tool_calls")
+    if not calls:
+        return {"role": "assistant", "content": choice["text"]}
+    return {
+        "role": "assistant",
+        "content": choice["text"] or None,
+        "tool_calls": [tool_call(call) for call in calls],
+    }
+
+
+def tool_call(call: dict[str, Any], *, index: int | None = None) -> dict[str, Any]:
+    """A stored call in OpenAI's shape (with its `index` in a stream chunk)."""
+    rendered = {
+        "id": call["id"],
+        "type": "function",
+        "function": {"name": call["name"], "arguments": call["arguments"]},
+    }
+    return rendered if index is None else {"index": index, **rendered}
 
 
 def chunk(

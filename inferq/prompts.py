@@ -63,8 +63,11 @@ class PromptRenderer:
         # The template already holds the special tokens (BOS and the headers).
         return self._encode(self.chat_text(messages), add_special_tokens=False)
 
-    def chat_text(self, messages: Sequence[dict[str, Any]]) -> str:
-        """Chat messages rendered with the chat template (not yet tokenized)."""
+    def chat_text(
+        self, messages: Sequence[dict[str, Any]], *, tools: Sequence[dict[str, Any]] | None = None
+    ) -> str:
+        """Chat messages (and the tools the model may call, in OpenAI's shape) rendered
+        with the chat template (not yet tokenized)."""
         if not self.has_chat_template:
             raise InvalidRequest(
                 "this model has no chat template: send `prompt` instead of `messages`",
@@ -72,7 +75,10 @@ class PromptRenderer:
             )
         with self._lock:  # jinja rendering inside transformers is not documented thread-safe
             text = self._tokenizer.apply_chat_template(
-                list(messages), add_generation_prompt=True, tokenize=False
+                list(messages),
+                tools=None if tools is None else list(tools),
+                add_generation_prompt=True,
+                tokenize=False,
             )
         return str(text)
 

@@ -5,15 +5,25 @@ Shared by the API's `/v1/jobs` and, through the same validator, by batch-file li
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 from inferq.exceptions import InvalidRequest
 from inferq.jobs import MAX_PRIORITY, JobSpec, SamplingParams
 from inferq.prompts import PromptRenderer
+from inferq.settings import Settings
+from inferq.structured import OutputFields, OutputPlan, plan
 
 MAX_STOP_SEQUENCES = 16
 MAX_LOGPROBS = 20
@@ -68,29 +78,78 @@ class TextPart(BaseModel):
     text: str
 
 
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    arguments: str = Field(description="The arguments as JSON text, as the call gave them.")
+
+
+class MessageToolCall(BaseModel):
+    """A call an earlier assistant turn made, sent back with the conversation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+    def to_template_dict(self) -> dict[str, Any]:
+        # Chat templates read the arguments as an object (vLLM hands them over the same way).
+        try:
+            arguments: Any = json.loads(self.function.arguments)
+        except ValueError:
+            arguments = self.function.arguments
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.function.name, "arguments": arguments},
+        }
+
+
 class ChatMessage(BaseModel):
-    """One chat message; content is text, or a list of text parts joined in order."""
+    """One chat message; content is text, or a list of text parts joined in order. An
+    assistant turn may carry `tool_calls` instead; a `tool` turn answers one by its id."""
 
     model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _has_content(self) -> Self:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(
+                "content is required (only an assistant turn with tool_calls may omit it)"
+            )
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only an assistant message may carry tool_calls")
+        return self
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
 
     def to_template_dict(self) -> dict[str, Any]:
-        content = (
-            self.content
-            if isinstance(self.content, str)
-            else "".join(part.text for part in self.content)
-        )
-        message: dict[str, Any] = {"role": self.role, "content": content}
+        message: dict[str, Any] = {"role": self.role, "content": self.text()}
         if self.name is not None:
             message["name"] = self.name
+        if self.tool_calls is not None:
+            message["tool_calls"] = [call.to_template_dict() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
         return message
 
 
-class SamplingBase(BaseModel):
-    """The sampling parameters every request shape shares, with their allowed ranges."""
+class SamplingBase(OutputFields):
+    """The sampling parameters every request shape shares, with their allowed ranges, and
+    what the output must look like (`inferq.structured`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -146,6 +205,7 @@ class PreparedRequest:
     add_special_tokens: bool
     sampling: SamplingFields
     metadata: dict[str, Any]
+    output: OutputPlan
 
 
 class JobValidator:
@@ -159,12 +219,25 @@ class JobValidator:
         default_max_tokens: int,
         max_n: int,
         max_tokens_cap: int,
+        tool_call_parser: str | None = None,
     ) -> None:
         self._renderer = renderer
         self.model_name = model_name
         self._default_max_tokens = min(default_max_tokens, max_tokens_cap)
         self._max_n = max_n
         self._max_tokens_cap = max_tokens_cap
+        self._tool_call_parser = tool_call_parser
+
+    @classmethod
+    def from_settings(cls, renderer: PromptRenderer, settings: Settings) -> JobValidator:
+        return cls(
+            renderer,
+            model_name=settings.model_name,
+            default_max_tokens=settings.default_max_tokens,
+            max_n=settings.max_n,
+            max_tokens_cap=settings.max_tokens_cap,
+            tool_call_parser=settings.tool_call_parser,
+        )
 
     def spec(
         self,
@@ -210,6 +283,13 @@ class JobValidator:
                 param="max_tokens",
             )
         _check_texts(prompt, messages, metadata, sampling)
+        output = plan(sampling, chat=messages is not None)
+        if output.tool_choice == {"type": "auto"} and self._tool_call_parser is None:
+            raise InvalidRequest(
+                "tool_choice auto needs a tool-call parser for this model: set "
+                "INFERQ_TOOL_CALL_PARSER, or force a call with tool_choice required",
+                param="tool_choice",
+            )
         if messages is not None:
             if not messages:
                 raise InvalidRequest("`messages` must not be empty", param="messages")
@@ -217,10 +297,11 @@ class JobValidator:
             return PreparedRequest(
                 prompt=None,
                 messages=template_messages,
-                text=self._renderer.chat_text(template_messages),
+                text=self._renderer.chat_text(template_messages, tools=output.tools),
                 add_special_tokens=False,
                 sampling=sampling,
                 metadata=metadata,
+                output=output,
             )
         assert prompt is not None
         return PreparedRequest(
@@ -230,6 +311,7 @@ class JobValidator:
             add_special_tokens=True,
             sampling=sampling,
             metadata=metadata,
+            output=output,
         )
 
     def finish(self, prepared: PreparedRequest, token_ids: list[int]) -> JobSpec:
@@ -251,6 +333,8 @@ class JobValidator:
             n=sampling.n,
             logprobs=sampling.logprobs,
             ignore_eos=sampling.ignore_eos,
+            structured=prepared.output.structured,
+            tool_choice=prepared.output.tool_choice,
         )
         return JobSpec(
             model=self.model_name,
@@ -305,7 +389,7 @@ def _check_texts(
     if prompt is not None:
         check_storable(prompt, "prompt")
     for i, message in enumerate(messages or ()):
-        check_storable(message.to_template_dict()["content"], f"messages.{i}.content")
+        check_storable(message.text(), f"messages.{i}.content")
         if message.name is not None:
             check_storable(message.name, f"messages.{i}.name")
     for key, value in metadata.items():

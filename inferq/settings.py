@@ -80,6 +80,12 @@ class Settings(BaseSettings):
         False, description="Skip CUDA graphs and compilation: slower, but starts sooner."
     )
     engine_seed: int = Field(0, description="Engine seed, for reproducible unseeded sampling.")
+    tool_call_parser: str | None = Field(
+        "llama3_json",
+        description="vLLM's tool-call parser for the model family (`llama3_json`, `hermes`, "
+        "`mistral`, ...), which reads calls out of chats with `tools` and `tool_choice` auto; "
+        "unset refuses tool_choice auto.",
+    )
     engine_extra_args: dict[str, Any] = Field(
         default_factory=dict,
         description="Further vLLM engine arguments, as a JSON object.",

@@ -23,15 +23,17 @@ from typing import Any
 from vllm import LLM
 from vllm import SamplingParams as VllmSamplingParams
 from vllm.outputs import CompletionOutput, RequestOutput
-from vllm.sampling_params import RequestOutputKind
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from inferq.exceptions import EngineError, EngineStartFailed, RequestRejected
 from inferq.jobs import Choice, JobResult, SamplingParams, TokenLogprob
 from inferq.settings import Settings
 from inferq.token_stream import ChoiceDelta, JobDelta
+from inferq.tool_calls import with_tool_calls
 from worker.engine import EngineRequest, Finished
 from worker.engine_output import HeldOutput, start_failure
+from worker.vllm_tools import AutoToolParser
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +77,12 @@ class VllmEngine:
     """vLLM's engine behind the `Engine` interface."""
 
     def __init__(
-        self, llm: LLM, *, step_timeout_s: float, fault_kill_engine_seed: int | None = None
+        self,
+        llm: LLM,
+        *,
+        step_timeout_s: float,
+        fault_kill_engine_seed: int | None = None,
+        tool_call_parser: str | None = None,
     ) -> None:
         self._llm = llm
         self._engine = llm.llm_engine
@@ -91,6 +98,11 @@ class VllmEngine:
         # Streamed requests get per-step deltas from vLLM; their results are built here.
         self._streams: dict[str, _Streamed] = {}
         self._deltas: list[JobDelta] = []
+        # Chats whose output may hold tool calls, read out once they finish.
+        self._tool_choices: dict[str, Any] = {}
+        self._tool_parser = (
+            None if tool_call_parser is None else AutoToolParser(tool_call_parser, llm)
+        )
 
     @classmethod
     def from_settings(cls, settings: Settings) -> VllmEngine:
@@ -116,6 +128,7 @@ class VllmEngine:
             llm,
             step_timeout_s=settings.engine_step_timeout_s,
             fault_kill_engine_seed=settings.fault_kill_engine_seed,
+            tool_call_parser=settings.tool_call_parser,
         )
 
     @property
@@ -135,6 +148,8 @@ class VllmEngine:
         except (ValueError, TypeError) as exc:  # vLLM's way of refusing one request
             raise RequestRejected(f"the engine refused the request: {exc}") from exc
         top_k = request.sampling.logprobs
+        if request.sampling.tool_choice is not None:
+            self._tool_choices[request.job_id] = request.sampling.tool_choice
         if request.stream:
             self._streams[request.job_id] = _Streamed(len(request.prompt_token_ids), top_k or 0)
         elif top_k is not None:
@@ -162,10 +177,16 @@ class VllmEngine:
                 self._deltas.append(streamed.add(output))
                 if output.finished:
                     del self._streams[job_id]
-                    finished.append(Finished(job_id=job_id, result=streamed.result()))
+                    finished.append(self._with_tool_calls(job_id, streamed.result()))
             elif output.finished:
-                finished.append(_finished(output, self._top_k_logprobs.pop(job_id, 0)))
+                result = _result(output, self._top_k_logprobs.pop(job_id, 0))
+                finished.append(self._with_tool_calls(job_id, result))
         return finished
+
+    def _with_tool_calls(self, job_id: str, result: JobResult) -> Finished:
+        tool_choice = self._tool_choices.pop(job_id, None)
+        parse = None if self._tool_parser is None else self._tool_parser.parse
+        return Finished(job_id=job_id, result=with_tool_calls(result, tool_choice, parse))
 
     def deltas(self) -> list[JobDelta]:
         return self._deltas
@@ -174,6 +195,7 @@ class VllmEngine:
         for job_id in job_ids:
             self._top_k_logprobs.pop(job_id, None)
             self._streams.pop(job_id, None)
+            self._tool_choices.pop(job_id, None)
         try:
             self._engine.abort_request(list(job_ids))
         except EngineDeadError as exc:
@@ -230,19 +252,19 @@ def _sampling_params(params: SamplingParams, *, stream: bool) -> VllmSamplingPar
         repetition_penalty=params.repetition_penalty,
         logprobs=params.logprobs,
         ignore_eos=params.ignore_eos,
+        structured_outputs=(
+            None if params.structured is None else StructuredOutputsParams(**params.structured)
+        ),
         # Only the final output unless someone follows the tokens: no per-step copies to
         # build and throw away for batch work.
         output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
     )
 
 
-def _finished(output: RequestOutput, top_k: int) -> Finished:
-    return Finished(
-        job_id=output.request_id,
-        result=JobResult(
-            choices=tuple(_choice(c, top_k) for c in sorted(output.outputs, key=lambda c: c.index)),
-            prompt_tokens=len(output.prompt_token_ids or ()),
-        ),
+def _result(output: RequestOutput, top_k: int) -> JobResult:
+    return JobResult(
+        choices=tuple(_choice(c, top_k) for c in sorted(output.outputs, key=lambda c: c.index)),
+        prompt_tokens=len(output.prompt_token_ids or ()),
     )
 
 

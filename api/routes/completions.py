@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 
 from api.deps import PrincipalDep, Services, ServicesDep
 from api.errors import error_responses
-from api.streams import event_stream, openai_chunks
+from api.streams import event_stream, holds_output, openai_chunks
 from api.submission import cancel_abandoned, checked, submit
 from api.waiter import ReadJob
 from inferq.constants import JOB_ID_HEADER
@@ -75,7 +75,7 @@ async def _complete(
         return await services.read((job_id, scope))
 
     if body.stream:
-        followed = services.follower.follow(job, read=read)
+        followed = services.follower.follow(job, read=read, stored=holds_output(job, chat=chat))
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         chunks = openai_chunks(
             followed, job=job, chat=chat, model=job.model, include_usage=include_usage

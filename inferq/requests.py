@@ -284,6 +284,8 @@ class JobValidator:
             )
         _check_texts(prompt, messages, metadata, sampling)
         output = plan(sampling, chat=messages is not None)
+        if output.structured is not None:  # stored with the job's sampling parameters
+            _check_stored_json(output.structured, _shaped_by(sampling))
         if output.tool_choice == {"type": "auto"} and self._tool_call_parser is None:
             raise InvalidRequest(
                 "tool_choice auto needs a tool-call parser for this model: set "
@@ -380,6 +382,26 @@ class JobValidator:
         return asked
 
 
+def _check_stored_json(value: Any, param: str) -> None:
+    """`check_storable` for every string in a JSON value (keys too)."""
+    if isinstance(value, str):
+        check_storable(value, param)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_storable(str(key), param)
+            _check_stored_json(item, param)
+    elif isinstance(value, list):
+        for item in value:
+            _check_stored_json(item, param)
+
+
+def _shaped_by(sampling: SamplingFields) -> str:
+    """The field that set a request's structured output."""
+    if sampling.structured_outputs is not None:
+        return "structured_outputs"
+    return "response_format" if sampling.response_format is not None else "tools"
+
+
 def _check_texts(
     prompt: str | None,
     messages: list[ChatMessage] | None,
@@ -392,6 +414,9 @@ def _check_texts(
         check_storable(message.text(), f"messages.{i}.content")
         if message.name is not None:
             check_storable(message.name, f"messages.{i}.name")
+        if message.tool_calls is not None or message.tool_call_id is not None:
+            stored = message.model_dump(include={"tool_calls", "tool_call_id"})
+            _check_stored_json(stored, f"messages.{i}")
     for key, value in metadata.items():
         check_storable(f"{key}{value}", "metadata")
     for stop in sampling.stop_sequences():

@@ -253,7 +253,10 @@ def _calls_schema(tools: list[Tool]) -> dict[str, Any]:
 
 def check_schema(schema: Mapping[str, Any], param: str) -> None:
     """A JSON schema the engine can enforce, or `InvalidRequest` naming `param`."""
-    problem = _schema_problem(json.dumps(schema, sort_keys=True))
+    try:
+        problem = _schema_problem(json.dumps(schema, sort_keys=True))
+    except RecursionError:
+        problem = "nested too deeply to be checked"
     if problem is not None:
         raise InvalidRequest(f"{param}: {problem}", param=param)
 
@@ -265,10 +268,12 @@ def _schema_problem(text: str) -> str | None:
         return "a JSON schema must be an object"
     try:
         validator_for(schema).check_schema(schema)
+        return _unsupported(schema, "")
+    except RecursionError:
+        return "nested too deeply to be checked"
     except SchemaError as exc:
         where = "/".join(str(p) for p in exc.path)
         return f"not a valid JSON schema{f' at {where}' if where else ''}: {exc.message}"
-    return _unsupported(schema, "")
 
 
 # What xgrammar (vLLM's structured-output backend) cannot enforce: vLLM 0.32 refuses these

@@ -61,22 +61,25 @@ CHAT: Any = [{"role": "user", "content": "What will the weather be in Oslo?"}]
 MAX_TOKENS = 400
 
 
+def completed_outputs(client: openai.OpenAI, lines: list[Any]) -> list[dict[str, Any]]:
+    """The output lines of a chat batch of `lines`, which must complete."""
+    batch = client.batches.create(
+        input_file_id=upload(client, lines),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    batch = wait_for(client, batch.id)
+    assert batch.status == "completed", batch
+    return read_lines(client, batch.output_file_id)
+
+
 def test_every_line_of_a_schema_batch_parses_and_matches_its_schema(stack: Stack) -> None:
     client = client_for(stack)
     lines = [
         chat_line(i, response_format=RESPONSE_FORMAT, max_tokens=MAX_TOKENS, temperature=1.0)
         for i in range(24)
     ]
-    batch = wait_for(
-        client,
-        client.batches.create(
-            input_file_id=upload(client, lines),
-            endpoint="/v1/chat/completions",
-            completion_window="24h",
-        ).id,
-    )
-    assert batch.status == "completed", batch
-    outputs = read_lines(client, batch.output_file_id)
+    outputs = completed_outputs(client, lines)
     assert [o["custom_id"] for o in outputs] == [f"req-{i}" for i in range(24)]
     for output in outputs:
         [choice] = output["response"]["body"]["choices"]
@@ -232,16 +235,7 @@ def test_required_tool_choice_and_forced_calls_in_a_batch(stack: Stack) -> None:
         chat_line(i, messages=CHAT, tools=TOOLS, tool_choice=FORCE_WEATHER, max_tokens=MAX_TOKENS)
         for i in range(4)
     ]
-    batch = wait_for(
-        client,
-        client.batches.create(
-            input_file_id=upload(client, lines),
-            endpoint="/v1/chat/completions",
-            completion_window="24h",
-        ).id,
-    )
-    assert batch.status == "completed", batch
-    for output in read_lines(client, batch.output_file_id):
+    for output in completed_outputs(client, lines):
         [choice] = output["response"]["body"]["choices"]
         assert choice["finish_reason"] == "tool_calls"
         [call] = choice["message"]["tool_calls"]

@@ -22,6 +22,7 @@ from typing import Any
 
 from vllm import LLM
 from vllm import SamplingParams as VllmSamplingParams
+from vllm.exceptions import VLLMClientError
 from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.exceptions import EngineDeadError
@@ -145,7 +146,7 @@ class VllmEngine:
             )
         except EngineDeadError as exc:
             raise EngineError(str(exc)) from exc
-        except (ValueError, TypeError) as exc:  # vLLM's way of refusing one request
+        except (ValueError, TypeError, VLLMClientError) as exc:  # vLLM refusing one request
             raise RequestRejected(f"the engine refused the request: {exc}") from exc
         top_k = request.sampling.logprobs
         if request.sampling.tool_choice is not None:

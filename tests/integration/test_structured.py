@@ -124,6 +124,8 @@ def test_jobs_take_json_object_choices_and_regexes(stack: Stack) -> None:
             "json_object": {"response_format": {"type": "json_object"}},
             "choice": {"structured_outputs": {"choice": ["yes", "no", "maybe"]}},
             "regex": {"structured_outputs": {"regex": "[0-9]{3}-[a-z]{2}"}},
+            # Past the checks at submission (it has its start rule), refused by the engine.
+            "bad_grammar": {"structured_outputs": {"grammar": "root ::= missing_rule"}},
         }
         jobs = {
             name: client.post(
@@ -137,6 +139,9 @@ def test_jobs_take_json_object_choices_and_regexes(stack: Stack) -> None:
             name: client.get(f"/v1/jobs/{r.json()['id']}", params={"wait": 60}).json()
             for name, r in jobs.items()
         }
+    refused = done.pop("bad_grammar")
+    assert refused["status"] == "failed", refused
+    assert "the engine refused the request" in refused["error"]["message"]
     texts = {name: job["choices"][0]["text"] for name, job in done.items()}
     # Any JSON object: random weights may fill a string until max_tokens, so the object
     # is whole only if the output stopped on its own.

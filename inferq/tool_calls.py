@@ -44,8 +44,9 @@ def _read(choice: Choice, tool_choice: Mapping[str, Any], parse_auto: AutoParser
     elif kind == "required":
         calls = _array_calls(choice.text)
         content = ""
+    elif parse_auto is None:  # this worker has no parser (INFERQ_TOOL_CALL_PARSER unset)
+        return choice
     else:
-        assert parse_auto is not None, "auto tool choice without a parser"
         content, calls = parse_auto(choice.text)
     if not calls:  # cut short (max_tokens) or no call made: the output stays text
         return choice

@@ -178,9 +178,9 @@ BAD_LINES = [
         "greater than or equal to 1",
     ),
     (
-        chat_line(9, response_format={"type": "json_object"}),
+        chat_line(9, logit_bias={"17": -100}),
         "unsupported_parameter",
-        "body.response_format",
+        "body.logit_bias",
         "not supported",
     ),
 ]

@@ -31,6 +31,8 @@ RECONNECT_S = 1.0
 # A waiting request re-reads Postgres this often even without a pub/sub wake-up (the
 # waiter also wakes every request when it reconnects to Redis).
 RECHECK_S = 1.0
+# A waiter that may give up (its client hung up) asks this often, between re-reads.
+GIVE_UP_CHECK_S = 0.1
 
 ReadJob = Callable[[str], Awaitable[Job]]
 
@@ -87,19 +89,28 @@ class JobWaiter:
         give_up: Callable[[], Awaitable[bool]] | None = None,
     ) -> Job:
         """The job (`read(job_id)`) once it has ended, or as it is when `timeout_s` has
-        passed or `give_up()` says so (asked between re-reads)."""
+        passed or `give_up()` says so (asked every `GIVE_UP_CHECK_S`)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         async with self.watch(job_id) as finished:
             # Read only once the subscription is in place, so no announced end is missed.
             job = await read(job_id)
+            read_at = time.monotonic()
             while not job.status.is_terminal:
-                left = RECHECK_S if deadline is None else deadline - time.monotonic()
+                now = time.monotonic()
+                left = RECHECK_S if deadline is None else deadline - now
                 if left <= 0 or (give_up is not None and await give_up()):
                     break
+                wait_s = min(left, RECHECK_S - (now - read_at))
+                if give_up is not None:
+                    wait_s = min(wait_s, GIVE_UP_CHECK_S)
                 finished.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(finished.wait(), min(left, RECHECK_S))
-                job = await read(job_id)
+                    await asyncio.wait_for(finished.wait(), max(wait_s, 0))
+                if finished.is_set() or time.monotonic() - read_at >= RECHECK_S or (
+                    deadline is not None and time.monotonic() >= deadline
+                ):
+                    job = await read(job_id)
+                    read_at = time.monotonic()
         return job
 
     async def _subscribe(self, channel: str) -> None:

@@ -88,19 +88,25 @@ def test_sigkill_while_jobs_wait_for_admission_loses_nothing(
         "gpu-a", INFERQ_MAX_NUM_SEQS="2", INFERQ_MAX_BATCH_SIZE="2", INFERQ_WORKER_CONCURRENCY="64"
     )
     ids = deployed.submit(_bodies(150, 64))
-    deployed.wait_done_count(ids, 4)
-    first.kill_group()
     client = redis.Redis.from_url(deployed.env["INFERQ_REDIS_URL"])
-    # Jobs in the messages taken and not acknowledged (kombu keeps each as [message,
-    # exchange, routing key]); jobs submitted together share a message.
-    unacked = client.hvals(deployed.env["INFERQ_REDIS_KEY_PREFIX"] + "unacked")
-    taken = sum(len(_job_ids(json.dumps(json.loads(entry)[0]))) for entry in unacked)
+
+    def taken() -> int:
+        """Jobs in the messages taken and not acknowledged (kombu keeps each as [message,
+        exchange, routing key]); jobs submitted together share a message."""
+        unacked = client.hvals(deployed.env["INFERQ_REDIS_KEY_PREFIX"] + "unacked")
+        return sum(len(_job_ids(json.dumps(json.loads(entry)[0]))) for entry in unacked)
+
+    # Killed once far more jobs are taken than the engine has room for (and some are done).
+    deployed.wait_done_count(ids, 1)
+    deadline = time.monotonic() + 60
+    while taken() <= 20:
+        assert time.monotonic() < deadline, f"the worker took only {taken()} jobs"
+        time.sleep(0.02)
+    first.kill_group()
     held = [j for j in deployed.jobs(ids) if j.status is JobStatus.RUNNING]
     deployed.start_worker("gpu-b")
     jobs = deployed.wait_all_ended(ids)
 
-    # Far more jobs were taken than the engine had room for.
-    assert taken > 20
     assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 150
     assert all(j.result is not None and j.result.completion_tokens == 64 for j in jobs)
     by_id = {j.id: j for j in jobs}

@@ -44,11 +44,13 @@ def wait_job(stack: Stack, job_id: str, status: str, timeout_s: float = 60) -> d
 
 
 def long_stream(client: OpenAI) -> Any:
-    """A streamed chat of 900 tokens: seconds of output on the tiny model."""
+    """A streamed chat of eight choices of 900 tokens: seconds of output on the tiny model
+    (one choice takes it about a second)."""
     return client.chat.completions.create(
         model=MODEL_NAME,
         messages=CHAT,
         max_tokens=900,
+        n=8,
         stream=True,
         extra_body={"ignore_eos": True},
     )
@@ -169,9 +171,9 @@ def test_a_client_that_hangs_up_mid_stream_cancels_its_request(stack: Stack) -> 
     client = client_for(stack)
     stream = long_stream(client)
     seen = []
-    for chunk in stream:
+    for chunk in stream:  # the role chunks, then output: hang up once output flows
         seen.append(chunk)
-        if len(seen) == 3:
+        if sum(bool(c.choices and c.choices[0].delta.content) for c in seen) == 3:
             break
     stream.close()
     job = wait_job(stack, job_id_of(seen[0].id), "cancelled")
@@ -186,7 +188,14 @@ def test_a_client_that_hangs_up_mid_stream_cancels_its_request(stack: Stack) -> 
 
 
 def test_a_client_that_gives_up_waiting_for_an_unstreamed_answer_cancels_it(stack: Stack) -> None:
-    body = {"model": MODEL_NAME, "prompt": "A long story", "max_tokens": 900, "ignore_eos": True}
+    # Eight choices of 900 tokens: seconds of work for the tiny model.
+    body = {
+        "model": MODEL_NAME,
+        "prompt": "A long story",
+        "max_tokens": 900,
+        "n": 8,
+        "ignore_eos": True,
+    }
 
     async def give_up_once_running() -> str:
         async with stack.async_client() as client:
@@ -212,13 +221,13 @@ def test_a_client_that_gives_up_waiting_for_an_unstreamed_answer_cancels_it(stac
 
 def test_an_error_after_the_stream_started_arrives_as_an_event(stack: Stack) -> None:
     client = client_for(stack)
-    stream = long_stream(client)
     cancelled = []
-    with pytest.raises(openai.APIError, match="cancelled"):  # noqa: PT012
-        for chunk in stream:
-            if not cancelled and chunk.choices and chunk.choices[0].delta.content:
-                with stack.client() as http:
-                    cancelled.append(http.post(f"/v1/jobs/{job_id_of(chunk.id)}/cancel"))
+    # Cancelled as soon as the stream has started (its first chunk, a role): the tiny
+    # model is too quick to wait for content.
+    with stack.client() as http, pytest.raises(openai.APIError, match="cancelled"):  # noqa: PT012
+        for chunk in long_stream(client):
+            if not cancelled:
+                cancelled.append(http.post(f"/v1/jobs/{job_id_of(chunk.id)}/cancel"))
     assert [r.status_code for r in cancelled] == [200]
 
 

@@ -106,8 +106,10 @@ class JobWaiter:
                 finished.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(finished.wait(), max(wait_s, 0))
-                if finished.is_set() or time.monotonic() - read_at >= RECHECK_S or (
-                    deadline is not None and time.monotonic() >= deadline
+                if (
+                    finished.is_set()
+                    or time.monotonic() - read_at >= RECHECK_S
+                    or (deadline is not None and time.monotonic() >= deadline)
                 ):
                     job = await read(job_id)
                     read_at = time.monotonic()

@@ -222,8 +222,9 @@ def test_a_client_that_gives_up_waiting_for_an_unstreamed_answer_cancels_it(stac
 def test_an_error_after_the_stream_started_arrives_as_an_event(stack: Stack) -> None:
     client = client_for(stack)
     cancelled = []
-    # Cancelled as soon as the stream has started (its first chunk, a role): the tiny
-    # model is too quick to wait for content.
+    # Cancelled as soon as the stream has started (its first chunk, a role), before the
+    # tiny model (quick enough to write all its output before a later cancel lands) can
+    # have finished.
     with stack.client() as http, pytest.raises(openai.APIError, match="cancelled"):  # noqa: PT012
         for chunk in long_stream(client):
             if not cancelled:

@@ -8,6 +8,7 @@ COPY pyproject.toml README.md ./
 COPY inferq inferq
 COPY api api
 COPY worker worker
+COPY cli cli
 COPY migrations migrations
 RUN pip install .
 CMD ["inferq", "api"]

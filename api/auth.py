@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 import time
 
-from inferq.db.keys import KeyStore
+from inferq.api_keys import DEVELOPMENT_PRINCIPAL, Principal
+from inferq.db.api_keys import KeyStore
 from inferq.exceptions import Unauthorized
-from inferq.keys import DEVELOPMENT_PRINCIPAL, Principal
 
 _HINT = (
     "send `Authorization: Bearer <key>`; an operator creates keys with "

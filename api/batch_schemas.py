@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from api.schemas import BatchEvent, not_null
-from inferq.batches import ENDPOINTS, Batch, BatchStatus, StoredFile
-from inferq.requests import Metadata, Priority
-
-
-def _ts(value: datetime | None) -> int | None:
-    return None if value is None else int(value.timestamp())
+from api.schemas import BatchEvent, ListPage, not_null
+from inferq.batches import ENDPOINTS, StoredFile
+from inferq.public import BatchPublic
+from inferq.validation import Metadata, Priority
 
 
 class FilePublic(BaseModel):
@@ -39,12 +35,8 @@ class FilePublic(BaseModel):
         )
 
 
-class FileList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[FilePublic]
-    first_id: str | None
-    last_id: str | None
-    has_more: bool
+class FileList(ListPage[FilePublic]):
+    pass
 
 
 class FileDeleted(BaseModel):
@@ -84,108 +76,5 @@ class BatchCreate(BaseModel):
         return not_null(value)
 
 
-class BatchErrorPublic(BaseModel):
-    code: str
-    line: int | None
-    message: str
-    param: str | None
-
-
-class BatchErrors(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[BatchErrorPublic]
-
-
-class RequestCountsPublic(BaseModel):
-    total: int
-    completed: int
-    failed: int
-
-
-class InputTokensDetails(BaseModel):
-    cached_tokens: int = 0
-
-
-class OutputTokensDetails(BaseModel):
-    reasoning_tokens: int = 0
-
-
-class BatchUsagePublic(BaseModel):
-    input_tokens: int
-    output_tokens: int
-    total_tokens: int
-    input_tokens_details: InputTokensDetails = Field(default_factory=InputTokensDetails)
-    output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
-
-
-class BatchPublic(BaseModel):
-    """A batch, as OpenAI's Batch API returns it."""
-
-    id: str
-    object: Literal["batch"] = "batch"
-    endpoint: str
-    model: str | None
-    errors: BatchErrors | None
-    input_file_id: str
-    completion_window: str
-    status: BatchStatus
-    output_file_id: str | None
-    error_file_id: str | None
-    created_at: int
-    in_progress_at: int | None
-    expires_at: int | None
-    finalizing_at: int | None
-    completed_at: int | None
-    failed_at: int | None
-    expired_at: int | None
-    cancelling_at: int | None
-    cancelled_at: int | None
-    request_counts: RequestCountsPublic
-    usage: BatchUsagePublic
-    metadata: dict[str, str] | None
-    priority: int = Field(0, description="inferq's addition: its lines' priority.")
-
-    @classmethod
-    def from_batch(cls, batch: Batch) -> BatchPublic:
-        return cls(
-            id=batch.id,
-            endpoint=batch.endpoint,
-            model=batch.model,
-            priority=batch.priority,
-            errors=BatchErrors(data=[BatchErrorPublic(**e.to_dict()) for e in batch.errors])
-            if batch.errors
-            else None,
-            input_file_id=batch.input_file_id,
-            completion_window=batch.completion_window,
-            status=batch.status,
-            output_file_id=batch.output_file_id,
-            error_file_id=batch.error_file_id,
-            created_at=int(batch.created_at.timestamp()),
-            in_progress_at=_ts(batch.in_progress_at),
-            expires_at=_ts(batch.expires_at),
-            finalizing_at=_ts(batch.finalizing_at),
-            completed_at=_ts(batch.completed_at),
-            failed_at=_ts(batch.failed_at),
-            expired_at=_ts(batch.expired_at),
-            cancelling_at=_ts(batch.cancelling_at),
-            cancelled_at=_ts(batch.cancelled_at),
-            request_counts=RequestCountsPublic(
-                total=batch.counts.total,
-                completed=batch.counts.completed,
-                failed=batch.counts.failed,
-            ),
-            usage=BatchUsagePublic(
-                input_tokens=batch.usage.input_tokens,
-                output_tokens=batch.usage.output_tokens,
-                total_tokens=batch.usage.input_tokens + batch.usage.output_tokens,
-            ),
-            metadata=batch.metadata or None,
-        )
-
-
-class BatchList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[BatchPublic]
-    first_id: str | None
-    last_id: str | None
-    has_more: bool
+class BatchList(ListPage[BatchPublic]):
+    pass

@@ -15,21 +15,21 @@ from api.grouping import Grouped
 from api.ratelimit import RateLimiter
 from api.token_follower import TokenFollower
 from api.waiter import JobWaiter
+from inferq.api_keys import Principal
 from inferq.batch_ops import BatchOperations
 from inferq.celery_app import JobPublisher
+from inferq.db.api_keys import KeyStore
 from inferq.db.files import FileStore
 from inferq.db.idempotency import IdempotencyStore
 from inferq.db.jobs import JobStore, NewJob
-from inferq.db.keys import KeyStore
 from inferq.db.webhooks import WebhookStore
 from inferq.events import JobEvents
 from inferq.job_ops import JobOperations
 from inferq.jobs import Job
-from inferq.keys import Principal
 from inferq.queues import QueueMonitor
-from inferq.requests import JobValidator
 from inferq.settings import Settings
-from inferq.workers import WorkerRegistry
+from inferq.validation import JobValidator
+from inferq.worker_registry import WorkerRegistry
 
 
 @dataclass

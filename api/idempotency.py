@@ -1,17 +1,25 @@
-"""The Idempotency-Key header: hashing a request, replaying a remembered response."""
+"""The Idempotency-Key header: a request claims its key, and a retry gets the first
+response again instead of doing the work twice."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from typing import Annotated, TypeVar
 
 from fastapi import Header
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
 
+from api.deps import Services
+from inferq.api_keys import Principal
 from inferq.constants import IDEMPOTENT_REPLAY_HEADER
-from inferq.db.idempotency import StoredResponse
+from inferq.db.idempotency import IdempotentRequest, StoredResponse
+
+T = TypeVar("T")
 
 IdempotencyKey = Annotated[
     str | None,
@@ -23,15 +31,51 @@ IdempotencyKey = Annotated[
 ]
 
 
-def request_hash(body: BaseModel) -> str:
+async def idempotent(
+    key: str | None,
+    *,
+    body: BaseModel,
+    services: Services,
+    principal: Principal,
+    run: Callable[[IdempotentRequest | None], Awaitable[T]],
+) -> T | JSONResponse:
+    """`run(request)`'s response, or under a key that was used before, that first response.
+
+    `run` hands `request` (None without a key) to the store, which remembers the response
+    in the transaction that does the work. If `run` fails, the key is let go, so a retry
+    can go ahead.
+    """
+    if key is None:
+        return await run(None)
+    request = IdempotentRequest(key_id=principal.key_id, key=key)
+    stored = await run_in_threadpool(
+        functools.partial(
+            services.idempotency.begin,
+            request,
+            request_hash=_request_hash(body),
+            ttl_s=services.settings.idempotency_ttl_s,
+        )
+    )
+    if stored is not None:
+        return _replay(stored)
+    try:
+        return await run(request)
+    except BaseException:
+        await run_in_threadpool(services.idempotency.abandon, request)
+        raise
+
+
+def _request_hash(body: BaseModel) -> str:
     canonical = json.dumps(
         body.model_dump(mode="json", exclude_unset=True), sort_keys=True, separators=(",", ":")
     )
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def replay(stored: StoredResponse, *, location: str | None = None) -> JSONResponse:
+def _replay(stored: StoredResponse) -> JSONResponse:
     headers = {IDEMPOTENT_REPLAY_HEADER: "true"}
+    # A job's answer pointed at the job (its `url`), and so does its replay.
+    location = stored.body.get("url")
     if location is not None:
         headers["Location"] = location
     return JSONResponse(stored.body, status_code=stored.status_code, headers=headers)

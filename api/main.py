@@ -19,28 +19,27 @@ from api.grouping import Grouped
 from api.metrics import ApiMetrics, QueueCollector, RequestMetrics
 from api.ratelimit import RateLimiter
 from api.routes import batches, completions, files, health, jobs, models, status, webhooks
-from api.schemas import JobPublic
 from api.token_follower import TokenFollower
 from api.urlcheck import RefuseNulInUrl
 from api.waiter import JobWaiter
 from inferq import __version__
 from inferq.batch_ops import BatchOperations
 from inferq.celery_app import JobPublisher
+from inferq.db.api_keys import KeyStore
 from inferq.db.batches import BatchStore
 from inferq.db.engine import make_engine, make_sessions
 from inferq.db.files import FileStore
 from inferq.db.idempotency import IdempotencyStore
 from inferq.db.jobs import JobStore
-from inferq.db.keys import KeyStore
 from inferq.db.migrate import check_schema
 from inferq.db.webhooks import WebhookStore
 from inferq.events import JobEvents
 from inferq.job_ops import JobOperations
 from inferq.prompts import PromptRenderer
 from inferq.queues import QueueMonitor
-from inferq.requests import JobValidator
 from inferq.settings import Settings
-from inferq.workers import WorkerRegistry
+from inferq.validation import JobValidator
+from inferq.worker_registry import WorkerRegistry
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +67,6 @@ def build_services(settings: Settings) -> Services:
         queues=queues,
         high_water=settings.interactive_high_water,
         requeue_after_s=settings.requeue_after_s,
-        respond=lambda job: JobPublic.from_job(job).model_dump(mode="json"),
     )
     async_redis = AsyncRedis.from_url(settings.redis_url)
     waiter = JobWaiter(async_redis, key_prefix=prefix)

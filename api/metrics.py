@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferq.exceptions import BrokerUnavailable
 from inferq.queues import QueueMonitor
-from inferq.workers import WorkerRegistry
+from inferq.worker_registry import WorkerRegistry
 
 log = logging.getLogger(__name__)
 

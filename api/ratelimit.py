@@ -11,8 +11,8 @@ from limits import RateLimitItemPerMinute
 from limits.aio.storage import RedisStorage
 from limits.aio.strategies import MovingWindowRateLimiter, SlidingWindowCounterRateLimiter
 
+from inferq.api_keys import Principal
 from inferq.exceptions import InvalidRequest, RetryLater
-from inferq.keys import Principal
 
 
 class RateLimiter:

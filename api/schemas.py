@@ -1,15 +1,18 @@
-"""Request and response bodies. Conversions from the domain are explicit classmethods."""
+"""Request and response bodies of the jobs routes, and the page every listing returns;
+the job as clients see it is `inferq.public.JobPublic`, shared with webhook payloads."""
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Generic, Literal, Protocol, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from inferq.jobs import Choice, Job, JobStatus
-from inferq.requests import ChatMessage, Metadata, Priority, SamplingFields
+from inferq.db.store import Page
+from inferq.messages import ChatMessage
+from inferq.public import JobPublic
+from inferq.validation import Metadata, Priority, SamplingFields
 
 JobEvent = Literal["job.succeeded", "job.failed", "job.cancelled"]
 BatchEvent = Literal["batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]
@@ -58,112 +61,38 @@ def not_null(value: object) -> object:
     return value
 
 
-class TopLogprob(BaseModel):
-    token: str
-    logprob: float
+class _Identified(Protocol):
+    @property
+    def id(self) -> str: ...
 
 
-class TokenLogprobPublic(BaseModel):
-    token: str
-    logprob: float
-    top_logprobs: list[TopLogprob]
+ItemT = TypeVar("ItemT")
+IdentifiedT = TypeVar("IdentifiedT", bound=_Identified)
 
 
-class ToolCallPublic(BaseModel):
-    id: str
-    name: str
-    arguments: str = Field(description="The call's arguments, as JSON text.")
-
-
-class ChoicePublic(BaseModel):
-    index: int
-    text: str
-    finish_reason: str | None = Field(description="`stop`, `length`, `tool_calls` or `abort`.")
-    completion_tokens: int
-    logprobs: list[TokenLogprobPublic] | None = None
-    tool_calls: list[ToolCallPublic] | None = Field(
-        None, description="The functions the model called (chats with `tools`)."
-    )
-
-    @classmethod
-    def from_choice(cls, choice: Choice) -> ChoicePublic:
-        return cls.model_validate(choice.to_dict())
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
-class JobErrorPublic(BaseModel):
-    code: str
-    message: str
-
-
-class JobPublic(BaseModel):
-    """A job: its state, timestamps, and its result or error once it has ended."""
-
-    id: str
-    object: Literal["job"] = "job"
-    url: str
-    status: JobStatus
-    model: str
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    attempts: int = Field(description="Times a worker took the job (more than 1 after a crash).")
-    params: dict[str, Any] = Field(description="The sampling parameters in effect.")
-    metadata: dict[str, Any]
-    priority: int = Field(description="Lower runs first; 0 is the default.")
-    stream: bool = Field(description="Whether its tokens are sent on as they are generated.")
-    choices: list[ChoicePublic] | None = Field(description="The output, once succeeded.")
-    usage: Usage | None
-    error: JobErrorPublic | None
-    batch_id: str | None = Field(None, description="The batch this job is a line of.")
-    custom_id: str | None = Field(None, description="That line's custom_id.")
-
-    @classmethod
-    def from_job(cls, job: Job) -> JobPublic:
-        result = job.result
-        usage = None
-        if result is not None:
-            usage = Usage(
-                prompt_tokens=job.prompt_tokens,
-                completion_tokens=result.completion_tokens,
-                total_tokens=job.prompt_tokens + result.completion_tokens,
-            )
-        return cls(
-            id=job.id,
-            url=f"/v1/jobs/{job.id}",
-            status=job.status,
-            model=job.model,
-            created_at=job.created_at,
-            started_at=job.started_at,
-            finished_at=job.finished_at,
-            attempts=job.attempts,
-            params=job.sampling.to_dict(),
-            metadata=job.metadata,
-            priority=job.priority,
-            stream=job.stream,
-            choices=None
-            if result is None
-            else [ChoicePublic.from_choice(c) for c in result.choices],
-            usage=usage,
-            error=None if job.error is None else JobErrorPublic(**job.error.to_dict()),
-            batch_id=job.batch_id,
-            custom_id=job.custom_id,
-        )
-
-
-class JobList(BaseModel):
-    """A page of jobs, newest first; pass `last_id` as `after` for the next page."""
+class ListPage(BaseModel, Generic[ItemT]):
+    """The body of a listing (OpenAI's shape): one page, newest first."""
 
     object: Literal["list"] = "list"
-    data: list[JobPublic]
+    data: list[ItemT]
     first_id: str | None
     last_id: str | None
     has_more: bool
+
+    @classmethod
+    def of(cls, page: Page[IdentifiedT], public: Callable[[IdentifiedT], ItemT]) -> Self:
+        """The body of a store's `page`, each item made public by `public`."""
+        items = page.items
+        return cls(
+            data=[public(item) for item in items],
+            first_id=items[0].id if items else None,
+            last_id=items[-1].id if items else None,
+            has_more=page.has_more,
+        )
+
+
+class JobList(ListPage[JobPublic]):
+    """A page of jobs, newest first; pass `last_id` as `after` for the next page."""
 
 
 class Health(BaseModel):

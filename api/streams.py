@@ -16,10 +16,10 @@ from typing import Any
 from sse_starlette import EventSourceResponse
 
 from api.errors import error_body
-from api.schemas import JobPublic
 from api.token_follower import Ended, OutputRestarted
 from inferq.jobs import Choice, Job, JobStatus
 from inferq.openai_format import chat_role_choice, chunk, chunk_choice, tool_call, usage
+from inferq.public import JobPublic
 from inferq.token_stream import ChoiceDelta
 
 log = logging.getLogger(__name__)

@@ -1,22 +1,23 @@
-"""What every route that makes a single job shares: the request checked (in a thread when
-its prompt is long), rate limits counted, the job written with others submitted at the
-same time (api/grouping.py), and a cancel for a client that went away."""
+"""What every route that submits work shares: the request checked (in a thread when its
+prompt is long), its webhook URL checked, rate limits counted, a single job written with
+others submitted at the same time (api/grouping.py), and a cancel for a client that went
+away."""
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import Services
+from inferq.api_keys import Principal
 from inferq.db.idempotency import IdempotentRequest
 from inferq.db.jobs import NewJob
-from inferq.exceptions import InferqError
+from inferq.exceptions import InferqError, InvalidRequest
 from inferq.jobs import Job, JobSpec
-from inferq.keys import Principal
-from inferq.webhooks import WebhookRequest
+from inferq.webhooks import WebhookRequest, check_webhook_url, parse_networks
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,29 @@ async def checked(prompt_chars: int, build: Callable[[], JobSpec]) -> JobSpec:
     if prompt_chars > INLINE_PROMPT_CHARS:
         return await run_in_threadpool(build)
     return build()
+
+
+def webhook_request(
+    services: Services, url: str | None, events: Sequence[str] | None
+) -> WebhookRequest | None:
+    """The webhook a job or batch asked for, its URL checked (SSRF), or None."""
+    if url is None:
+        if events is not None:
+            raise InvalidRequest("webhook_events needs a webhook_url", param="webhook_events")
+        return None
+    allowed = parse_networks(services.settings.webhook_allowed_networks)
+    check_webhook_url(url, allowed=allowed)
+    return WebhookRequest(url=url, events=None if events is None else list(events))
+
+
+async def checked_webhook(
+    services: Services, url: str | None, events: Sequence[str] | None
+) -> WebhookRequest | None:
+    """`webhook_request`, in a worker thread when there is a URL: checking it may resolve
+    the host name."""
+    if url is None:
+        return webhook_request(services, url, events)
+    return await run_in_threadpool(webhook_request, services, url, events)
 
 
 async def submit(

@@ -91,7 +91,7 @@ class Process:
         self.log = log
         self._out = log.open("wb")
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "inferq.cli", *argv],
+            [sys.executable, "-m", "cli.main", *argv],
             env=dict(env),
             stdout=self._out,
             stderr=subprocess.STDOUT,

@@ -19,7 +19,7 @@ from inferq.batches import CHAT_ENDPOINT, LineError
 from inferq.exceptions import InvalidRequest
 from inferq.jobs import JobSpec
 from inferq.openai_bodies import ChatBody, CompletionBody, prepare_body
-from inferq.requests import JobValidator, PreparedRequest, check_storable
+from inferq.validation import JobValidator, PreparedRequest, check_storable
 
 CHUNK_LINES = 256
 # Python's JSON parser recurses once a level and stops near the interpreter's limit.

@@ -1,23 +1,26 @@
-"""What can be done to a batch: create it from a file, cancel it, expire it, finalize it,
-and read its files. Used by the API, the maintenance worker and `inferq run`."""
+"""What can be done to a batch: create it from a file, read and list, cancel it, expire
+it, finalize it, and read its files. Used by the API, the maintenance worker and
+`inferq run`."""
 
 from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Iterator
-
-from sqlalchemy.orm import Session
+from collections.abc import Iterator
 
 from inferq.batch_lines import BatchLineReader
 from inferq.batch_output import render
 from inferq.batches import Batch, FilePurpose, LineError, StoredFile, parse_completion_window
 from inferq.celery_app import JobPublisher
-from inferq.db.batches import BatchStore, NewBatch
-from inferq.db.files import FileStore
+from inferq.db.batch_rows import NewBatch
+from inferq.db.batches import BatchStore, Respond
+from inferq.db.files import FileSize, FileStore
+from inferq.db.idempotency import IdempotentRequest
+from inferq.db.store import Page
 from inferq.events import JobEvents
 from inferq.exceptions import BrokerUnavailable, InvalidRequest, NotFound
-from inferq.requests import JobValidator
+from inferq.public import batch_json
+from inferq.validation import JobValidator
 from inferq.webhooks import WebhookRequest
 
 log = logging.getLogger(__name__)
@@ -37,7 +40,10 @@ class BatchOperations:
         events: JobEvents | None,
         max_lines: int,
         requeue_after_s: int,
+        respond: Respond = batch_json,
     ) -> None:
+        """`respond` renders a new batch as the body of its response, to be remembered
+        for an idempotent request."""
         self.files = files
         self.batches = batches
         self._validator = validator
@@ -46,6 +52,7 @@ class BatchOperations:
         self._events = events
         self._max_lines = max_lines
         self._requeue_after_s = requeue_after_s
+        self._respond = respond
 
     def create(
         self,
@@ -57,10 +64,11 @@ class BatchOperations:
         metadata: dict[str, str],
         webhook: WebhookRequest | None = None,
         priority: int = 0,
-        then: Callable[[Session, Batch], None] | None = None,
+        idempotency: IdempotentRequest | None = None,
     ) -> Batch:
         """Check every line of the file and queue a job per line, or fail the batch with
-        the refused lines listed. Nothing is half-written either way."""
+        the refused lines listed. Nothing is half-written either way; the response to a
+        request with an idempotency key is remembered with what it wrote."""
         assert self._validator is not None, "creating batches needs the tokenizer"
         window = parse_completion_window(completion_window)
         try:
@@ -82,6 +90,7 @@ class BatchOperations:
             metadata=metadata,
             webhook=webhook,
             priority=priority,
+            idempotency=idempotency,
         )
         if source.lines > self._max_lines:
             error = LineError(
@@ -89,7 +98,7 @@ class BatchOperations:
                 message=f"the file has {source.lines} lines, over the limit of "
                 f"{self._max_lines}: split it into several batches",
             )
-            return self.batches.create_failed(new, [error], then=then)
+            return self.batches.create_failed(new, [error], respond=self._respond)
         reader = BatchLineReader(self._validator, endpoint=endpoint)
         lines = reader.read(self.files.lines(input_file_id))
         first = next(lines, None)
@@ -99,18 +108,24 @@ class BatchOperations:
                 message=f"file {input_file_id} has no requests (only blank lines): put one "
                 "JSON request per line",
             )
-            return self.batches.create_failed(new, [error], then=then)
+            return self.batches.create_failed(new, [error], respond=self._respond)
         batch = self.batches.create(
             new,
             itertools.chain([first], lines),
             requeue_after_s=self._requeue_after_s,
             max_errors=MAX_LISTED_ERRORS,
-            then=then,
+            respond=self._respond,
         )
         if batch.errors:
             return batch
         self._publish(batch)
         return self.batches.get(batch.id)
+
+    def get(self, batch_id: str, *, scope: str | None) -> Batch:
+        return self.batches.get(batch_id, scope=scope)
+
+    def page(self, *, scope: str | None, after: str | None, limit: int) -> Page[Batch]:
+        return self.batches.page(scope=scope, after=after, limit=limit)
 
     def cancel(self, batch_id: str, *, scope: str | None) -> Batch:
         """Stop a batch: finished lines stay, the rest never run (running ones are aborted)."""
@@ -141,45 +156,22 @@ class BatchOperations:
         batch = self.batches.start_finalizing(batch_id)
         if batch is None:
             return None
-        model = batch.model or self._model_name
-        sizes = {
-            errors: _measure(
-                render(
-                    self.batches.results(batch_id, errors=errors),
-                    errors=errors,
-                    endpoint=batch.endpoint,
-                    model=model,
-                )
-            )
-            for errors in (False, True)
-        }
-
-        def add_files(session: Session, batch: Batch) -> tuple[str | None, str | None]:
-            ids: list[str | None] = []
-            for errors, kind in ((False, "output"), (True, "errors")):
-                size, lines = sizes[errors]
-                ids.append(
-                    self.files.add_output(
-                        session,
-                        tenant=batch.tenant,
-                        batch_id=batch.id,
-                        filename=f"{batch.id}_{kind}.jsonl",
-                        size=size,
-                        lines=lines,
-                    )
-                    if lines
-                    else None
-                )
-            return ids[0], ids[1]
-
-        return self.batches.finish_finalizing(batch_id, add_files=add_files)
+        return self.batches.finish_finalizing(
+            batch_id,
+            output=_measure(self._rendered(batch, errors=False)),
+            errors=_measure(self._rendered(batch, errors=True)),
+        )
 
     def content(self, file: StoredFile) -> Iterator[bytes]:
         """A file's bytes, streamed: stored chunks, or a batch's results rendered now."""
         if file.purpose is FilePurpose.BATCH or file.batch_id is None:
             return self.files.chunks(file.id)
         batch = self.batches.get(file.batch_id)
-        errors = file.id == batch.error_file_id
+        return self._rendered(batch, errors=file.id == batch.error_file_id)
+
+    def _rendered(self, batch: Batch, *, errors: bool) -> Iterator[bytes]:
+        """The batch's output file (or, with `errors`, its error file), made from its
+        results."""
         return render(
             self.batches.results(batch.id, errors=errors),
             errors=errors,
@@ -209,9 +201,9 @@ class BatchOperations:
         self.finalize(batch_id)
 
 
-def _measure(chunks: Iterator[bytes]) -> tuple[int, int]:
+def _measure(chunks: Iterator[bytes]) -> FileSize:
     size = lines = 0
     for chunk in chunks:
         size += len(chunk)
         lines += 1
-    return size, lines
+    return FileSize(size, lines)

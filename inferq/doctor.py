@@ -72,7 +72,7 @@ def _redis(settings: Settings) -> Check:
 
 
 def _workers(settings: Settings) -> Check:
-    from inferq.workers import WorkerRegistry
+    from inferq.worker_registry import WorkerRegistry
 
     with _redis_client(settings) as redis:
         online = WorkerRegistry(redis, key_prefix=settings.redis_key_prefix).online()

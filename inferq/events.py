@@ -1,5 +1,5 @@
 """Job events over Redis pub/sub: "finished" wakes long-polls, "cancelled" reaches workers,
-"submitted" offers new single jobs to workers (see worker/runtime.py).
+"submitted" offers new single jobs to workers (see worker/admission.py).
 
 A job's end is published on a channel of its own, so Redis delivers it only to the API
 processes that have a request waiting on that job (they subscribe while it waits), not to

@@ -9,10 +9,12 @@ from typing import Any
 
 from inferq.celery_app import JobPublisher
 from inferq.constants import INTERACTIVE_QUEUE
-from inferq.db.jobs import JobStore, NewJob, Page
+from inferq.db.jobs import JobStore, NewJob
+from inferq.db.store import Page
 from inferq.events import JobEvents
 from inferq.exceptions import BrokerUnavailable, InferqError, NotFound, RetryLater
 from inferq.jobs import Job, JobStatus
+from inferq.public import job_json
 from inferq.queues import QueueMonitor
 
 log = logging.getLogger(__name__)
@@ -31,7 +33,7 @@ class JobOperations:
         queues: QueueMonitor,
         high_water: int,
         requeue_after_s: int,
-        respond: Callable[[Job], dict[str, Any]],
+        respond: Callable[[Job], dict[str, Any]] = job_json,
     ) -> None:
         """`respond` renders a new job as the body of its 202, to be remembered for an
         idempotent submission."""
@@ -92,7 +94,7 @@ class JobOperations:
         batch_id: str | None,
         after: str | None,
         limit: int,
-    ) -> Page:
+    ) -> Page[Job]:
         return self.store.list_jobs(
             scope=scope, status=status, batch_id=batch_id, after=after, limit=limit
         )

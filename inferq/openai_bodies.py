@@ -7,9 +7,9 @@ from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from inferq.requests import (
+from inferq.messages import ChatMessage
+from inferq.validation import (
     MAX_LOGPROBS,
-    ChatMessage,
     JobValidator,
     PreparedRequest,
     SamplingBase,

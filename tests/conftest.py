@@ -14,11 +14,12 @@ import httpx
 import pytest
 from redis import Redis
 
+from inferq.db.api_keys import KeyStore
 from inferq.db.engine import make_engine, make_sessions
 from inferq.db.jobs import JobStore
-from inferq.db.keys import KeyStore
 from inferq.demo_model import CPU_DTYPE, TINY, build_demo_model
 from inferq.prompts import PromptRenderer
+from tests.helpers.broker import Broker
 from tests.helpers.databases import cloned_database, migrated_template
 from tests.helpers.deployment import Deployment
 from tests.helpers.processes import (
@@ -186,6 +187,14 @@ def stack(
                 process.stop()
             engine.dispose()
             delete_keys(prefix)
+
+
+@pytest.fixture
+def broker(stack: Stack) -> Iterator[Broker]:
+    """What the stack's Redis shows: GPU messages not yet done with, maintenance passes."""
+    made = Broker.of(stack.env)
+    yield made
+    made.close()
 
 
 # Short leases and frequent maintenance, so a lost worker's jobs come back in seconds.

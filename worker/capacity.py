@@ -1,11 +1,5 @@
-"""How many jobs a worker holds at once.
-
-A task waits here before claiming its jobs, so a worker only claims what its engine will
-soon run: a job waiting behind the gate stays `queued` in Postgres (truthfully), where
-cancelling it is free and another worker could still have it. Interactive tasks go first,
-and may use `interactive_extra` more places than batch chunks may (the engine keeps slots
-for single jobs, so a gate full of batch lines must not keep them out).
-"""
+"""How many jobs a worker holds at once: the first stage of admission, before the claim
+in Postgres, served interactive-first (the whole story is in worker/admission.py)."""
 
 from __future__ import annotations
 
@@ -33,6 +27,11 @@ class CapacityGate:
     def bulk_waiting(self) -> int:
         """Batch chunks waiting for room (each holding its message meanwhile)."""
         return self._bulk_waiting
+
+    @property
+    def interactive_waiting(self) -> int:
+        """Interactive tasks waiting for room."""
+        return self._interactive_waiting
 
     def acquire(self, count: int, *, interactive: bool, timeout_s: float | None = None) -> bool:
         """Wait for room for `count` jobs; False if the gate closed (shutdown) meanwhile,

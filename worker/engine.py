@@ -1,4 +1,4 @@
-"""What the engine loop needs from an inference engine, and how one is built."""
+"""What the engine loop needs from an inference engine (built by worker/engine_factory.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from datetime import datetime
 from typing import Protocol
 
 from inferq.jobs import JobResult, SamplingParams
-from inferq.settings import Settings
 from inferq.token_stream import JobDelta
 
 
@@ -57,16 +56,3 @@ class Engine(Protocol):
 
     def kv_cache_usage(self) -> float | None:
         """Fraction of the KV cache in use, if the engine knows."""
-
-
-def build_engine(settings: Settings) -> Engine:
-    """Build the configured engine. This is where the model is loaded: slow, done once.
-    `settings` come from `inferq.preflight.engine_settings` (the KV cache sized); a failed
-    start raises `EngineStartFailed`, which says why in one line."""
-    if settings.engine == "instant":
-        from worker.instant_engine import InstantEngine
-
-        return InstantEngine()
-    from worker.vllm_engine import VllmEngine
-
-    return VllmEngine.from_settings(settings)

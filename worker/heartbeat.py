@@ -9,15 +9,15 @@ from datetime import UTC, datetime
 
 from redis.exceptions import RedisError
 
-from inferq.workers import HEARTBEAT_EVERY_S, WorkerRegistry, WorkerStatus
-from worker.runtime import GpuRuntime
+from inferq.worker_registry import HEARTBEAT_EVERY_S, WorkerRegistry, WorkerStatus
+from worker.runtime import EngineRuntime
 
 log = logging.getLogger(__name__)
 
 
 class Heartbeat:
     def __init__(
-        self, registry: WorkerRegistry, *, runtime: GpuRuntime, model: str, gpus: list[str]
+        self, registry: WorkerRegistry, *, runtime: EngineRuntime, model: str, gpus: list[str]
     ) -> None:
         self._registry = registry
         self._runtime = runtime

@@ -1,5 +1,5 @@
 """Listens for job events: cancellations, so a running job is aborted in the engine at
-once, and new single jobs, which the runtime may take at once (see worker/runtime.py)."""
+once, and new single jobs, which the runtime may take at once (see worker/admission.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from inferq.events import cancel_channel, decode_ids, submitted_channel
-from worker.runtime import GpuRuntime
+from worker.runtime import EngineRuntime
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ class JobEventListener:
     caught later by lease renewal, which drops jobs this worker no longer holds; a missed
     offer costs only latency (the job's message brings it)."""
 
-    def __init__(self, redis: Redis, *, key_prefix: str, runtime: GpuRuntime) -> None:
+    def __init__(self, redis: Redis, *, key_prefix: str, runtime: EngineRuntime) -> None:
         self._redis = redis
         self._cancel = cancel_channel(key_prefix)
         self._submitted = submitted_channel(key_prefix)

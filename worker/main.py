@@ -23,12 +23,12 @@ from inferq.exceptions import InferqError
 from inferq.preflight import engine_settings
 from inferq.settings import Settings
 from inferq.token_stream import TokenStreamWriter
-from inferq.workers import WorkerRegistry
-from worker.engine import build_engine
+from inferq.worker_registry import WorkerRegistry
+from worker.engine_factory import build_engine
 from worker.heartbeat import Heartbeat
 from worker.job_events import JobEventListener
 from worker.metrics import WorkerMetrics, gpu_names, register_gpu_collector
-from worker.runtime import GpuRuntime
+from worker.runtime import EngineRuntime
 from worker.tasks import register_gpu_tasks
 from worker.token_publisher import TokenPublisher
 
@@ -94,7 +94,7 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
             ttl_s=settings.stream_ttl_s,
         )
     )
-    runtime = GpuRuntime.from_settings(
+    runtime = EngineRuntime.from_settings(
         settings,
         store=store,
         engine=engine,

@@ -38,7 +38,7 @@ from inferq.constants import (
     MAINTENANCE_LOCK_KEY,
 )
 from inferq.db.jobs import DueJob, JobStore
-from inferq.db.support import utcnow
+from inferq.db.store import utcnow
 
 log = logging.getLogger(__name__)
 

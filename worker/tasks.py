@@ -9,10 +9,10 @@ from celery.exceptions import Reject
 
 from inferq.constants import INTERACTIVE_QUEUE, RUN_JOBS_TASK
 from inferq.exceptions import JobsReturned
-from worker.runtime import GpuRuntime
+from worker.runtime import EngineRuntime
 
 
-def register_gpu_tasks(app: Celery, runtime: GpuRuntime) -> None:
+def register_gpu_tasks(app: Celery, runtime: EngineRuntime) -> None:
     """Register `run_jobs` on `app`, running on `runtime`."""
 
     @app.task(name=RUN_JOBS_TASK, bind=True)  # type: ignore[untyped-decorator]

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from inferq.db.support import utcnow
+from inferq.db.store import utcnow
 from inferq.db.webhooks import WebhookStore
 from inferq.webhooks import (
     Attempt,

@@ -14,9 +14,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from inferq.db.jobs import JobStore
 from inferq.exceptions import StoreUnavailable
 from inferq.jobs import JobError, JobOutcome
+from worker.store import WorkerStore
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class ResultWriter:
     def __init__(
         self,
         *,
-        store: JobStore,
+        store: WorkerStore,
         flush_ms: int,
         on_committed: Callable[[Sequence[JobOutcome], Sequence[str]], None],
     ) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -18,10 +19,10 @@ from api.errors import error_responses
 from api.streams import event_stream, holds_output, openai_chunks
 from api.submission import cancel_abandoned, checked, submit
 from api.waiter import ReadJob
+from inferq.api_keys import Principal
 from inferq.constants import JOB_ID_HEADER
 from inferq.exceptions import InvalidState, JobFailed
 from inferq.jobs import Job, JobSpec, JobStatus
-from inferq.keys import Principal
 from inferq.openai_bodies import ChatBody, CompletionBody, prepare_body
 from inferq.openai_format import completion_body
 
@@ -83,24 +84,7 @@ async def _complete(
         hangup = functools.partial(cancel_abandoned, services, job.id, scope=scope)
         return event_stream(chunks, on_hangup=hangup, headers=headers)
     job = await _ended(job, read=read, services=services, request=request, scope=scope)
-    if job.status is JobStatus.CANCELLED:
-        raise InvalidState(f"the request was cancelled (job {job.id})")
-    if job.status is JobStatus.FAILED or job.result is None:
-        error = job.error
-        raise JobFailed(
-            error.message if error else f"job {job.id} failed",
-            code=error.code if error else "failed",
-        )
-    result = completion_body(
-        job_id=job.id,
-        chat=chat,
-        created=int(job.created_at.timestamp()),
-        model=job.model,
-        choices=[c.to_dict() for c in job.result.choices],
-        prompt_tokens=job.prompt_tokens,
-        completion_tokens=job.result.completion_tokens,
-    )
-    return JSONResponse(result, headers=headers)
+    return JSONResponse(_completion(job, chat=chat), headers=headers)
 
 
 def _spec(services: Services, body: ChatBody | CompletionBody) -> JobSpec:
@@ -118,3 +102,24 @@ async def _ended(
     if not job.status.is_terminal:
         await cancel_abandoned(services, job.id, scope=scope)
     return job
+
+
+def _completion(job: Job, *, chat: bool) -> dict[str, Any]:
+    """The completion an ended job answers with; a cancelled or failed one raises."""
+    if job.status is JobStatus.CANCELLED:
+        raise InvalidState(f"the request was cancelled (job {job.id})")
+    if job.status is JobStatus.FAILED or job.result is None:
+        error = job.error
+        raise JobFailed(
+            error.message if error else f"job {job.id} failed",
+            code=error.code if error else "failed",
+        )
+    return completion_body(
+        job_id=job.id,
+        chat=chat,
+        created=int(job.created_at.timestamp()),
+        model=job.model,
+        choices=[c.to_dict() for c in job.result.choices],
+        prompt_tokens=job.prompt_tokens,
+        completion_tokens=job.result.completion_tokens,
+    )

@@ -46,16 +46,8 @@ def list_files(
     limit: Annotated[int, Query(ge=1, le=10_000)] = 20,
 ) -> FileList:
     """Files, newest first."""
-    files, has_more = services.files.page(
-        scope=principal.scope, purpose=purpose, after=after, limit=limit
-    )
-    data = [FilePublic.from_file(f) for f in files]
-    return FileList(
-        data=data,
-        first_id=data[0].id if data else None,
-        last_id=data[-1].id if data else None,
-        has_more=has_more,
-    )
+    page = services.files.page(scope=principal.scope, purpose=purpose, after=after, limit=limit)
+    return FileList.of(page, FilePublic.from_file)
 
 
 @router.get("/{file_id}", response_model=FilePublic, responses=error_responses(404))

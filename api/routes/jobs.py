@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
-from collections.abc import Callable
-from typing import Annotated, ParamSpec, TypeVar
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 from fastapi.responses import JSONResponse
@@ -15,17 +13,14 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import PrincipalDep, Services, ServicesDep
 from api.errors import error_responses
-from api.idempotency import IdempotencyKey, replay, request_hash
-from api.routes.webhooks import webhook_request
-from api.schemas import JobCreate, JobList, JobPublic
+from api.idempotency import IdempotencyKey, idempotent
+from api.schemas import JobCreate, JobList
 from api.streams import event_stream, job_deltas
-from api.submission import checked, submit
+from api.submission import checked, checked_webhook, submit
 from inferq.db.idempotency import IdempotentRequest
 from inferq.jobs import Job, JobSpec, JobStatus
+from inferq.public import JobPublic
 
-P = ParamSpec("P")
-T = TypeVar("T")
-log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401, 429, 503))
 
 
@@ -41,35 +36,16 @@ async def create_job(
 ) -> JobPublic | JSONResponse:
     """Submit a generation job; poll its `url` for the result."""
     spec = await checked(_prompt_chars(body), functools.partial(_spec, services, body))
-    # Checking a webhook URL may resolve its host name: not on the event loop.
-    webhook = await _maybe_in_thread(
-        body.webhook_url is not None,
-        webhook_request,
-        services,
-        body.webhook_url,
-        body.webhook_events,
-    )
-    request = None
-    if idempotency_key is not None:
-        request = IdempotentRequest(key_id=principal.key_id, key=idempotency_key)
-        stored = await run_in_threadpool(
-            functools.partial(
-                services.idempotency.begin,
-                request,
-                request_hash=request_hash(body),
-                ttl_s=services.settings.idempotency_ttl_s,
-            )
-        )
-        if stored is not None:
-            return replay(stored, location=stored.body.get("url"))
-    try:
+    webhook = await checked_webhook(services, body.webhook_url, body.webhook_events)
+
+    async def create(request: IdempotentRequest | None) -> JobPublic:
         job = await submit(services, principal, spec, webhook=webhook, idempotency=request)
-    except BaseException:
-        if request is not None:
-            await run_in_threadpool(services.idempotency.abandon, request)
-        raise
-    response.headers["Location"] = f"/v1/jobs/{job.id}"
-    return JobPublic.from_job(job)
+        response.headers["Location"] = f"/v1/jobs/{job.id}"
+        return JobPublic.from_job(job)
+
+    return await idempotent(
+        idempotency_key, body=body, services=services, principal=principal, run=create
+    )
 
 
 def _spec(services: Services, body: JobCreate) -> JobSpec:
@@ -87,14 +63,6 @@ def _prompt_chars(body: JobCreate) -> int:
     if body.prompt is not None:
         return len(body.prompt)
     return sum(len(str(m.content)) for m in body.messages or ())
-
-
-async def _maybe_in_thread(
-    in_thread: bool, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs
-) -> T:
-    if in_thread:
-        return await run_in_threadpool(call, *args, **kwargs)
-    return call(*args, **kwargs)
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=error_responses(404, 422))
@@ -165,13 +133,7 @@ async def list_jobs(
             limit=limit,
         )
     )
-    data = [JobPublic.from_job(j) for j in page.items]
-    return JobList(
-        data=data,
-        first_id=data[0].id if data else None,
-        last_id=data[-1].id if data else None,
-        has_more=page.has_more,
-    )
+    return JobList.of(page, JobPublic.from_job)
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, responses=error_responses(404, 409))

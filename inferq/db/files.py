@@ -4,29 +4,30 @@ streams, so no file is ever held whole in memory."""
 from __future__ import annotations
 
 import codecs
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from datetime import datetime
+from typing import NamedTuple
 
 from sqlalchemy import insert, select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from inferq.batches import FILE_ID_PREFIX, FilePurpose, StoredFile
 from inferq.db.models import FileChunkRow, FileRow
-from inferq.db.support import as_utc, translate_errors, utcnow
+from inferq.db.store import Page, Store, as_utc, newest_first, scoped_row
 from inferq.exceptions import InvalidRequest, NotFound, TooLarge
 from inferq.ids import new_id
 
 CHUNK_BYTES = 1 << 20
 
 
-class FileStore:
-    def __init__(
-        self, sessions: sessionmaker[Session], *, clock: Callable[[], datetime] = utcnow
-    ) -> None:
-        self._sessions = sessions
-        self._clock = clock
+class FileSize(NamedTuple):
+    """The size of a file inferq makes: its bytes and lines."""
 
-    @translate_errors
+    bytes: int
+    lines: int
+
+
+class FileStore(Store):
     def upload(
         self,
         *,
@@ -42,7 +43,7 @@ class FileStore:
         decoder = codecs.getincrementaldecoder("utf-8")("strict")
         size = lines = 0
         last = b""
-        with self._sessions.begin() as session:
+        with self._transaction() as session:
             session.execute(
                 insert(FileRow).values(
                     id=file_id,
@@ -87,33 +88,10 @@ class FileStore:
             row.bytes, row.lines = size, lines
             return _file_from_row(row)
 
-    @translate_errors
-    def add_output(
-        self, session: Session, *, tenant: str, batch_id: str, filename: str, size: int, lines: int
-    ) -> str:
-        """Record a file made by inferq (a batch's output or errors), inside `session`.
-        It has no chunks: its content is produced from the batch's jobs when read."""
-        file_id = new_id(FILE_ID_PREFIX)
-        session.execute(
-            insert(FileRow).values(
-                id=file_id,
-                tenant=tenant,
-                purpose=FilePurpose.BATCH_OUTPUT.value,
-                filename=filename,
-                bytes=size,
-                lines=lines,
-                batch_id=batch_id,
-                created_at=self._clock(),
-            )
-        )
-        return file_id
-
-    @translate_errors
     def get(self, file_id: str, *, scope: str | None = None) -> StoredFile:
-        with self._sessions.begin() as session:
+        with self._transaction() as session:
             return _file_from_row(_scoped(session, file_id, scope))
 
-    @translate_errors
     def page(
         self,
         *,
@@ -121,27 +99,25 @@ class FileStore:
         purpose: FilePurpose | None = None,
         after: str | None = None,
         limit: int = 20,
-    ) -> tuple[list[StoredFile], bool]:
-        query = (
-            select(FileRow)
-            .where(FileRow.deleted_at.is_(None))
-            .order_by(FileRow.id.desc())
-            .limit(limit + 1)
-        )
+    ) -> Page[StoredFile]:
+        query = select(FileRow).where(FileRow.deleted_at.is_(None))
         if scope is not None:
             query = query.where(FileRow.tenant == scope)
         if purpose is not None:
             query = query.where(FileRow.purpose == purpose.value)
-        if after is not None:
-            query = query.where(FileRow.id < after)
-        with self._sessions.begin() as session:
-            rows = session.scalars(query).all()
-            return [_file_from_row(r) for r in rows[:limit]], len(rows) > limit
+        with self._transaction() as session:
+            return newest_first(
+                session,
+                query,
+                FileRow.id,
+                after=after,
+                limit=limit,
+                convert=lambda rows: [_file_from_row(row) for row in rows],
+            )
 
-    @translate_errors
     def delete(self, file_id: str, *, scope: str | None = None) -> StoredFile:
         """Delete a file: its chunks go; batches that used it keep their jobs."""
-        with self._sessions.begin() as session:
+        with self._transaction() as session:
             row = _scoped(session, file_id, scope)
             row.deleted_at = self._clock()
             session.query(FileChunkRow).filter(FileChunkRow.file_id == file_id).delete()
@@ -151,7 +127,7 @@ class FileStore:
         """The stored bytes, a chunk at a time (one row read per chunk)."""
         seq = 0
         while True:
-            with self._sessions.begin() as session:
+            with self._transaction() as session:
                 data = session.scalar(
                     select(FileChunkRow.data).where(
                         FileChunkRow.file_id == file_id, FileChunkRow.seq == seq
@@ -185,16 +161,35 @@ def _rechunk(chunks: Iterable[bytes]) -> Iterator[bytes]:
         yield buffer
 
 
+def add_output_file(
+    session: Session, *, tenant: str, batch_id: str, filename: str, size: FileSize, now: datetime
+) -> str:
+    """Record a file made by inferq (a batch's output or errors) in the transaction that
+    ends the batch. It has no chunks: its content is made from the batch's jobs when read."""
+    file_id = new_id(FILE_ID_PREFIX)
+    session.execute(
+        insert(FileRow).values(
+            id=file_id,
+            tenant=tenant,
+            purpose=FilePurpose.BATCH_OUTPUT.value,
+            filename=filename,
+            bytes=size.bytes,
+            lines=size.lines,
+            batch_id=batch_id,
+            created_at=now,
+        )
+    )
+    return file_id
+
+
 def _scoped(session: Session, file_id: str, scope: str | None) -> FileRow:
-    row = session.get(FileRow, file_id)
-    if row is None or row.deleted_at is not None or (scope is not None and row.tenant != scope):
+    row = scoped_row(session, FileRow, file_id, scope, noun="file")
+    if row.deleted_at is not None:
         raise NotFound(f"no file with id {file_id!r}")
     return row
 
 
 def _file_from_row(row: FileRow) -> StoredFile:
-    created_at = as_utc(row.created_at)
-    assert created_at is not None
     return StoredFile(
         id=row.id,
         tenant=row.tenant,
@@ -202,6 +197,6 @@ def _file_from_row(row: FileRow) -> StoredFile:
         filename=row.filename,
         bytes=row.bytes,
         lines=row.lines,
-        created_at=created_at,
+        created_at=as_utc(row.created_at),
         batch_id=row.batch_id,
     )

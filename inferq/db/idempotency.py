@@ -7,17 +7,16 @@ work done without its response remembered, nor a response remembered without the
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from inferq.db.models import IdempotencyKeyRow
-from inferq.db.support import as_utc, translate_errors, utcnow
+from inferq.db.store import Store, as_utc
 from inferq.exceptions import InvalidRequest, InvalidState
 
 # A claim older than this whose response never came belonged to a request that died.
@@ -50,14 +49,7 @@ def record_response(
     )
 
 
-class IdempotencyStore:
-    def __init__(
-        self, sessions: sessionmaker[Session], *, clock: Callable[[], datetime] = utcnow
-    ) -> None:
-        self._sessions = sessions
-        self._clock = clock
-
-    @translate_errors
+class IdempotencyStore(Store):
     def begin(
         self, request: IdempotentRequest, *, request_hash: str, ttl_s: int
     ) -> StoredResponse | None:
@@ -72,16 +64,16 @@ class IdempotencyStore:
                 param="Idempotency-Key",
             )
         now = self._clock()
-        with self._sessions.begin() as session:
+        with self._transaction() as session:
             if self._insert(session, request, request_hash, now, ttl_s):
                 return None
             row = session.get(
                 IdempotencyKeyRow, (request.key_id, request.key), with_for_update=True
             )
             assert row is not None
-            if _utc(row.expires_at) <= now or (
+            if as_utc(row.expires_at) <= now or (
                 row.status_code is None
-                and _utc(row.created_at) < now - timedelta(seconds=STALE_CLAIM_S)
+                and as_utc(row.created_at) < now - timedelta(seconds=STALE_CLAIM_S)
             ):
                 row.request_hash, row.status_code, row.response = request_hash, None, None
                 row.created_at, row.expires_at = now, now + timedelta(seconds=ttl_s)
@@ -100,10 +92,9 @@ class IdempotencyStore:
                 )
             return StoredResponse(row.status_code, row.response)
 
-    @translate_errors
     def abandon(self, request: IdempotentRequest) -> None:
         """Forget an unanswered claim (its request failed), so a retry can go ahead."""
-        with self._sessions.begin() as session:
+        with self._transaction() as session:
             session.execute(
                 delete(IdempotencyKeyRow).where(
                     IdempotencyKeyRow.key_id == request.key_id,
@@ -112,9 +103,8 @@ class IdempotencyStore:
                 )
             )
 
-    @translate_errors
     def purge_expired(self) -> int:
-        with self._sessions.begin() as session:
+        with self._transaction() as session:
             result = session.execute(
                 delete(IdempotencyKeyRow).where(IdempotencyKeyRow.expires_at < self._clock())
             )
@@ -142,9 +132,3 @@ class IdempotencyStore:
             .returning(IdempotencyKeyRow.key)
         )
         return session.execute(statement).first() is not None
-
-
-def _utc(value: datetime) -> datetime:
-    aware = as_utc(value)
-    assert aware is not None
-    return aware

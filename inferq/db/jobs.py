@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -11,42 +10,24 @@ from typing import Any
 from sqlalchemy import and_, func, insert, or_, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from inferq.constants import JOB_ID_PREFIX
 from inferq.db.bulk import update_rows
 from inferq.db.idempotency import IdempotentRequest, record_response
-from inferq.db.models import JobRow
-from inferq.db.outbox import enqueue_job_events, ensure_endpoint, wake_delivery
-from inferq.db.support import as_utc, translate_errors, utcnow
-from inferq.exceptions import InvalidState, NotFound
-from inferq.ids import new_id
-from inferq.jobs import (
-    ACTIVE_STATUSES,
-    Choice,
-    ClaimedJob,
-    Job,
-    JobError,
-    JobOutcome,
-    JobResult,
-    JobSpec,
-    JobStatus,
-    SamplingParams,
-    pack_token_ids,
-    unpack_token_ids,
+from inferq.db.job_rows import (
+    CLAIMED_COLUMNS,
+    claimed_job,
+    job_from_row,
+    new_job,
+    new_job_row,
+    outcome_values,
 )
+from inferq.db.models import JobRow
+from inferq.db.outbox import EndedJob, enqueue_job_events, ensure_endpoint, wake_delivery
+from inferq.db.store import Page, Store, as_utc, newest_first, scoped_row, utcnow
+from inferq.exceptions import InvalidState
+from inferq.jobs import ACTIVE_STATUSES, ClaimedJob, Job, JobOutcome, JobSpec, JobStatus
 from inferq.webhooks import WebhookRequest
 
 _ACTIVE = [s.value for s in ACTIVE_STATUSES]
-
-
-@dataclass(frozen=True)
-class _Ended:
-    """What the outbox needs of a job that just ended."""
-
-    id: str
-    tenant: str
-    status: str
-    webhook_endpoint_id: str | None
-    webhook_events: list[str] | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,16 +49,8 @@ class DueJob:
     queue: str
 
 
-@dataclass(frozen=True)
-class Page:
-    """One page of a listing, newest first."""
-
-    items: list[Job]
-    has_more: bool
-
-
-class JobStore:
-    """Reads and writes jobs. Built once per process and handed to whoever needs it."""
+class JobStore(Store):
+    """Reads and writes jobs."""
 
     def __init__(
         self,
@@ -88,21 +61,13 @@ class JobStore:
     ) -> None:
         """`on_webhooks` is called after a commit that queued webhook deliveries (to wake
         the delivery worker); if it fails, maintenance finds them anyway."""
-        self._sessions = sessions
-        self._clock = clock
+        super().__init__(sessions, clock=clock)
         self._on_webhooks = on_webhooks
 
-    @contextmanager
-    def _transaction(self) -> Iterator[Session]:
-        with self._sessions.begin() as session:
-            yield session
-
-    @translate_errors
     def ping(self) -> None:
         with self._transaction() as session:
             session.execute(text("SELECT 1"))
 
-    @translate_errors
     def create_jobs(
         self,
         specs: Sequence[JobSpec],
@@ -119,7 +84,6 @@ class JobStore:
             requeue_after_s=requeue_after_s,
         )
 
-    @translate_errors
     def submit_jobs(
         self,
         new_jobs: Sequence[NewJob],
@@ -140,7 +104,7 @@ class JobStore:
             )
             for new in new_jobs
         ]
-        jobs = [_new_job(row, new.spec) for row, new in zip(rows, new_jobs, strict=True)]
+        jobs = [new_job(row, new.spec) for row, new in zip(rows, new_jobs, strict=True)]
         with self._transaction() as session:
             endpoints: dict[tuple[str, str], str] = {}
             for row, new in zip(rows, new_jobs, strict=True):
@@ -161,7 +125,6 @@ class JobStore:
                     record_response(session, new.idempotency, status_code=202, body=respond(job))
         return jobs
 
-    @translate_errors
     def mark_unpublished(self, job_ids: Sequence[str]) -> None:
         """Make queued jobs due for publishing at the next maintenance pass."""
         with self._transaction() as session:
@@ -172,19 +135,16 @@ class JobStore:
                 .execution_options(synchronize_session=False)
             )
 
-    @translate_errors
     def get_job(self, job_id: str, *, scope: str | None = None) -> Job:
         """The job, if it exists and belongs to `scope` (a tenant; None sees every tenant)."""
         with self._transaction() as session:
-            return _job_from_row(_scoped_row(session, job_id, scope))
+            return job_from_row(scoped_row(session, JobRow, job_id, scope, noun="job"))
 
-    @translate_errors
     def get_jobs(self, job_ids: Sequence[str]) -> list[Job]:
         with self._transaction() as session:
             rows = session.scalars(select(JobRow).where(JobRow.id.in_(job_ids))).all()
-            return [_job_from_row(row) for row in rows]
+            return [job_from_row(row) for row in rows]
 
-    @translate_errors
     def list_jobs(
         self,
         *,
@@ -193,26 +153,29 @@ class JobStore:
         batch_id: str | None = None,
         after: str | None = None,
         limit: int = 20,
-    ) -> Page:
+    ) -> Page[Job]:
         """Jobs newest first; `after` is the id of the last job of the previous page."""
-        query = select(JobRow).order_by(JobRow.id.desc()).limit(limit + 1)
+        query = select(JobRow)
         if batch_id is not None:
             query = query.where(JobRow.batch_id == batch_id)
         if scope is not None:
             query = query.where(JobRow.tenant == scope)
         if status is not None:
             query = query.where(JobRow.status == status.value)
-        if after is not None:
-            query = query.where(JobRow.id < after)
         with self._transaction() as session:
-            rows = session.scalars(query).all()
-            return Page([_job_from_row(r) for r in rows[:limit]], has_more=len(rows) > limit)
+            return newest_first(
+                session,
+                query,
+                JobRow.id,
+                after=after,
+                limit=limit,
+                convert=lambda rows: [job_from_row(row) for row in rows],
+            )
 
-    @translate_errors
     def cancel_job(self, job_id: str, *, scope: str | None = None) -> Job:
         """Cancel a queued or running job; a finished one raises `InvalidState`."""
         with self._transaction() as session:
-            row = _scoped_row(session, job_id, scope, for_update=True)
+            row = scoped_row(session, JobRow, job_id, scope, noun="job", for_update=True)
             if row.status not in _ACTIVE:
                 raise InvalidState(
                     f"job {job_id} is already {row.status}: only queued or running jobs "
@@ -222,11 +185,10 @@ class JobStore:
             row.finished_at = self._clock()
             row.lease_expires_at = None
             queued = enqueue_job_events(session, [row], row.finished_at)
-            job = _job_from_row(row)
+            job = job_from_row(row)
         wake_delivery(self._on_webhooks, queued)
         return job
 
-    @translate_errors
     def claim_jobs(self, job_ids: Sequence[str], *, worker: str, lease_s: int) -> list[ClaimedJob]:
         """Take jobs for `worker`: queued ones, and running ones whose lease ran out.
 
@@ -248,34 +210,14 @@ class JobStore:
                 lease_expires_at=now + timedelta(seconds=lease_s),
                 attempts=JobRow.attempts + 1,
             )
-            .returning(
-                JobRow.id,
-                JobRow.prompt_token_ids,
-                JobRow.sampling,
-                JobRow.created_at,
-                JobRow.batch_id,
-                JobRow.priority,
-                JobRow.stream,
-            )
+            .returning(*CLAIMED_COLUMNS)
             .execution_options(synchronize_session=False)
         )
         with self._transaction() as session:
             rows = session.execute(statement).all()
-        by_id = {
-            row.id: ClaimedJob(
-                id=row.id,
-                prompt_token_ids=unpack_token_ids(row.prompt_token_ids),
-                sampling=SamplingParams.from_dict(row.sampling),
-                created_at=as_utc(row.created_at) or now,
-                batch_id=row.batch_id,
-                priority=row.priority,
-                stream=row.stream,
-            )
-            for row in rows
-        }
+        by_id = {row.id: claimed_job(row, now) for row in rows}
         return [by_id[job_id] for job_id in job_ids if job_id in by_id]
 
-    @translate_errors
     def renew_leases(self, job_ids: Sequence[str], *, worker: str, lease_s: int) -> set[str]:
         """Extend `worker`'s leases; return the ids it no longer holds (cancelled, finished
         or taken by another worker). A job that went back to queued while `worker` still
@@ -304,7 +246,6 @@ class JobStore:
             held = set(session.scalars(statement).all())
         return set(job_ids) - held
 
-    @translate_errors
     def release_jobs(
         self, job_ids: Sequence[str], *, worker: str, requeue_after_s: int
     ) -> list[str]:
@@ -331,7 +272,6 @@ class JobStore:
         with self._transaction() as session:
             return list(session.scalars(statement).all())
 
-    @translate_errors
     def take_due(self, *, requeue_after_s: int, limit: int) -> list[DueJob]:
         """Jobs whose message must be published again: running jobs whose worker stopped
         renewing their lease (they return to queued) and queued jobs not taken in time.
@@ -359,7 +299,6 @@ class JobStore:
         with self._transaction() as session:
             return [DueJob(row.id, row.queue) for row in session.execute(statement)]
 
-    @translate_errors
     def queued_jobs(self, *, requeue_after_s: int) -> list[DueJob]:
         """Every queued job, to publish again after Redis lost its data."""
         now = self._clock()
@@ -374,7 +313,6 @@ class JobStore:
             rows = session.execute(statement).all()
         return sorted((DueJob(row.id, row.queue) for row in rows), key=lambda j: j.id)
 
-    @translate_errors
     def touch_published(self, job_ids: Sequence[str]) -> None:
         """Note that these queued jobs' messages are held by a live worker right now."""
         if not job_ids:
@@ -387,7 +325,6 @@ class JobStore:
                 .execution_options(synchronize_session=False)
             )
 
-    @translate_errors
     def published_at(self, job_ids: Sequence[str]) -> datetime | None:
         """When the earliest of these jobs was last published (None if none exist)."""
         with self._transaction() as session:
@@ -396,7 +333,6 @@ class JobStore:
             )
         return as_utc(value)
 
-    @translate_errors
     def take_stranded(
         self, *, queue: str, published_before: datetime, requeue_after_s: int, limit: int
     ) -> list[DueJob]:
@@ -423,7 +359,6 @@ class JobStore:
         with self._transaction() as session:
             return [DueJob(row.id, row.queue) for row in session.execute(statement)]
 
-    @translate_errors
     def finish_jobs(self, outcomes: Sequence[JobOutcome]) -> list[str]:
         """Write results and errors in one transaction, each only if its job is still
         queued or running. Returns the ids written; the others had already ended."""
@@ -438,13 +373,13 @@ class JobStore:
                 .with_for_update()
             ).all()
             live = {row.id for row in rows}
-            values = [_outcome_values(o, now) for o in outcomes if o.job_id in live]
+            values = [outcome_values(o, now) for o in outcomes if o.job_id in live]
             update_rows(session, JobRow, values)
             status = {v["id"]: v["status"] for v in values}
             queued = enqueue_job_events(
                 session,
                 [
-                    _Ended(row.id, row.tenant, status[row.id], *row[2:])
+                    EndedJob(row.id, row.tenant, status[row.id], *row[2:])
                     for row in rows
                     if row.webhook_endpoint_id is not None
                 ],
@@ -452,115 +387,3 @@ class JobStore:
             )
         wake_delivery(self._on_webhooks, queued)
         return [job_id for job_id in ids if job_id in live]
-
-
-def new_job_row(
-    spec: JobSpec, *, tenant: str, queue: str, now: datetime, requeue_after_s: int
-) -> dict[str, Any]:
-    """The row of a new queued job (single job or batch line)."""
-    return {
-        "id": new_id(JOB_ID_PREFIX),
-        "tenant": tenant,
-        "status": JobStatus.QUEUED.value,
-        "queue": queue,
-        "model": spec.model,
-        "prompt": spec.prompt,
-        "messages": spec.messages,
-        "prompt_token_ids": pack_token_ids(spec.prompt_token_ids),
-        "prompt_tokens": len(spec.prompt_token_ids),
-        "sampling": spec.sampling.to_dict(),
-        "metadata_": spec.metadata,
-        "created_at": now,
-        # A queued job whose message is lost is published again after this.
-        "lease_expires_at": now + timedelta(seconds=requeue_after_s),
-        "published_at": now,
-        "attempts": 0,
-        "priority": spec.priority,
-        "stream": spec.stream,
-    }
-
-
-def _new_job(row: dict[str, Any], spec: JobSpec) -> Job:
-    return Job(
-        id=row["id"],
-        tenant=row["tenant"],
-        status=JobStatus.QUEUED,
-        model=spec.model,
-        prompt=spec.prompt,
-        messages=spec.messages,
-        sampling=spec.sampling,
-        metadata=spec.metadata,
-        prompt_tokens=len(spec.prompt_token_ids),
-        created_at=row["created_at"],
-        priority=spec.priority,
-        stream=spec.stream,
-    )
-
-
-def _scoped_row(
-    session: Session, job_id: str, scope: str | None, *, for_update: bool = False
-) -> JobRow:
-    row = session.get(JobRow, job_id, with_for_update=for_update)
-    # Another tenant's job is "not found", so ids cannot be probed across tenants.
-    if row is None or (scope is not None and row.tenant != scope):
-        raise NotFound(f"no job with id {job_id!r}")
-    return row
-
-
-def _outcome_values(outcome: JobOutcome, now: datetime) -> dict[str, Any]:
-    values: dict[str, Any] = {
-        "id": outcome.job_id,
-        "status": outcome.status.value,
-        "finished_at": now,
-        "lease_expires_at": None,
-    }
-    if outcome.started_at is not None:
-        values["started_at"] = outcome.started_at
-    if outcome.result is not None:
-        values["choices"] = [_storable_choice(c.to_dict()) for c in outcome.result.choices]
-        values["completion_tokens"] = outcome.result.completion_tokens
-    if outcome.error is not None:
-        values["error"] = outcome.error.to_dict()
-    return values
-
-
-def _storable_choice(choice: dict[str, Any]) -> dict[str, Any]:
-    """Postgres text cannot hold NUL, which a model may well generate: it becomes U+FFFD."""
-    choice["text"] = choice["text"].replace("\x00", "\ufffd")
-    for entry in choice["logprobs"] or ():
-        entry["token"] = entry["token"].replace("\x00", "\ufffd")
-        for alternative in entry["top_logprobs"]:
-            alternative["token"] = alternative["token"].replace("\x00", "\ufffd")
-    return choice
-
-
-def _job_from_row(row: JobRow) -> Job:
-    result = None
-    if row.choices is not None:
-        result = JobResult(
-            choices=tuple(Choice.from_dict(c) for c in row.choices),
-            prompt_tokens=row.prompt_tokens,
-        )
-    created_at = as_utc(row.created_at)
-    assert created_at is not None
-    return Job(
-        id=row.id,
-        tenant=row.tenant,
-        status=JobStatus(row.status),
-        model=row.model,
-        prompt=row.prompt,
-        messages=row.messages,
-        sampling=SamplingParams.from_dict(row.sampling),
-        metadata=row.metadata_,
-        prompt_tokens=row.prompt_tokens,
-        created_at=created_at,
-        attempts=row.attempts,
-        started_at=as_utc(row.started_at),
-        finished_at=as_utc(row.finished_at),
-        result=result,
-        error=None if row.error is None else JobError(**row.error),
-        batch_id=row.batch_id,
-        custom_id=row.custom_id,
-        priority=row.priority,
-        stream=row.stream,
-    )

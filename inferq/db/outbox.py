@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -12,7 +13,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from inferq.db.models import WebhookDeliveryRow, WebhookEndpointRow
+from inferq.db.models import JobRow, WebhookDeliveryRow, WebhookEndpointRow
 from inferq.ids import new_id
 from inferq.webhooks import DeliveryState, new_secret, wants
 
@@ -57,9 +58,19 @@ def ensure_endpoint(session: Session, *, tenant: str, url: str, now: datetime) -
     return endpoint_id
 
 
-def enqueue_job_events(session: Session, rows: Sequence[Any], now: datetime) -> int:
-    """Delivery rows for jobs that just ended. Each row has `id`, `tenant`, `status`,
-    `webhook_endpoint_id` and `webhook_events`; jobs without a webhook are skipped."""
+@dataclass(frozen=True)
+class EndedJob:
+    """What the outbox needs of a job that just ended."""
+
+    id: str
+    tenant: str
+    status: str
+    webhook_endpoint_id: str | None
+    webhook_events: list[str] | None
+
+
+def enqueue_job_events(session: Session, rows: Sequence[EndedJob | JobRow], now: datetime) -> int:
+    """Delivery rows for jobs that just ended; jobs without a webhook are skipped."""
     values = [
         _delivery_values(
             tenant=row.tenant,

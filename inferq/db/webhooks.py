@@ -7,17 +7,17 @@ transactions that end jobs and batches: see `inferq.db.outbox`.)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
 from sqlalchemy import ColumnElement, and_, exists, select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from inferq.db.models import WebhookAttemptRow, WebhookDeliveryRow, WebhookEndpointRow
 from inferq.db.outbox import ensure_endpoint
-from inferq.db.support import as_utc, translate_errors, utcnow
-from inferq.exceptions import InvalidState, NotFound
+from inferq.db.store import Page, Store, as_utc, newest_first, scoped_row
+from inferq.exceptions import InvalidState
 from inferq.webhooks import (
     ACTIVE_DELIVERY_STATES,
     Attempt,
@@ -28,58 +28,54 @@ from inferq.webhooks import (
 )
 
 LOST_ATTEMPT = "the delivering worker stopped before this attempt ended"
+_ENDPOINT = "webhook endpoint"
+_DELIVERY = "webhook delivery"
 
 
-class WebhookStore:
-    def __init__(
-        self, sessions: sessionmaker[Session], *, clock: Callable[[], datetime] = utcnow
-    ) -> None:
-        self._sessions = sessions
-        self._clock = clock
-
+class WebhookStore(Store):
     # Endpoints.
 
-    @translate_errors
     def register(self, *, tenant: str, url: str) -> WebhookEndpoint:
-        with self._sessions.begin() as session:
+        with self._transaction() as session:
             endpoint_id = ensure_endpoint(session, tenant=tenant, url=url, now=self._clock())
-            return _endpoint(_endpoint_row(session, endpoint_id, tenant))
+            row = scoped_row(session, WebhookEndpointRow, endpoint_id, tenant, noun=_ENDPOINT)
+            return _endpoint(row)
 
-    @translate_errors
     def endpoints(self, *, scope: str | None) -> list[WebhookEndpoint]:
         query = select(WebhookEndpointRow).order_by(WebhookEndpointRow.id)
         if scope is not None:
             query = query.where(WebhookEndpointRow.tenant == scope)
-        with self._sessions.begin() as session:
+        with self._transaction() as session:
             return [_endpoint(row) for row in session.scalars(query)]
 
-    @translate_errors
     def rotate(self, endpoint_id: str, *, scope: str | None, overlap_s: int) -> WebhookEndpoint:
         """A new secret; the old one still signs (beside it) for `overlap_s` seconds."""
         now = self._clock()
-        with self._sessions.begin() as session:
-            row = _endpoint_row(session, endpoint_id, scope, for_update=True)
+        with self._transaction() as session:
+            row = scoped_row(
+                session, WebhookEndpointRow, endpoint_id, scope, noun=_ENDPOINT, for_update=True
+            )
             row.previous_secret, row.secret = row.secret, new_secret()
             row.previous_expires_at = now + timedelta(seconds=overlap_s)
             return _endpoint(row)
 
-    @translate_errors
     def set_enabled(self, endpoint_id: str, *, scope: str | None, reason: str | None) -> None:
         """Enable an endpoint (`reason` None) or disable it with `reason`."""
-        with self._sessions.begin() as session:
-            row = _endpoint_row(session, endpoint_id, scope, for_update=True)
+        with self._transaction() as session:
+            row = scoped_row(
+                session, WebhookEndpointRow, endpoint_id, scope, noun=_ENDPOINT, for_update=True
+            )
             row.disabled_at = None if reason is None else self._clock()
             row.disabled_reason = reason
 
     # Deliveries.
 
-    @translate_errors
     def claim_due(self, *, limit: int, lease_s: float) -> list[tuple[Delivery, WebhookEndpoint]]:
         """Take up to `limit` due deliveries (pending, or delivering under a lapsed lease)
         for one attempt each. Deliveries to a disabled endpoint end as disabled."""
         now = self._clock()
         claimed: list[tuple[Delivery, WebhookEndpoint]] = []
-        with self._sessions.begin() as session:
+        with self._transaction() as session:
             rows = session.scalars(
                 select(WebhookDeliveryRow)
                 .where(_due(now))
@@ -101,7 +97,6 @@ class WebhookStore:
                 claimed.append((_delivery(row, endpoint.url), endpoint))
         return claimed
 
-    @translate_errors
     def record(
         self,
         delivery: Delivery,
@@ -113,7 +108,7 @@ class WebhookStore:
         """Record one attempt and what follows: success (2xx), another try in
         `retry_in_s`, dead-lettered (no retry left), or a disabled endpoint (410)."""
         now = self._clock()
-        with self._sessions.begin() as session:
+        with self._transaction() as session:
             session.add(
                 WebhookAttemptRow(
                     delivery_id=delivery.id,
@@ -146,19 +141,16 @@ class WebhookStore:
                 row.finished_at = now
             return state
 
-    @translate_errors
     def due(self) -> bool:
         """Whether any delivery is due now (for maintenance to start the delivery loop)."""
-        with self._sessions.begin() as session:
+        with self._transaction() as session:
             return bool(session.scalar(select(exists().where(_due(self._clock())))))
 
-    @translate_errors
     def get(self, delivery_id: str, *, scope: str | None) -> Delivery:
-        with self._sessions.begin() as session:
-            row = _delivery_row(session, delivery_id, scope)
+        with self._transaction() as session:
+            row = scoped_row(session, WebhookDeliveryRow, delivery_id, scope, noun=_DELIVERY)
             return _deliveries_with_history(session, [row])[0]
 
-    @translate_errors
     def page(
         self,
         *,
@@ -168,9 +160,9 @@ class WebhookStore:
         state: DeliveryState | None = None,
         after: str | None = None,
         limit: int = 20,
-    ) -> tuple[list[Delivery], bool]:
+    ) -> Page[Delivery]:
         """Deliveries, newest first, with every attempt."""
-        query = select(WebhookDeliveryRow).order_by(WebhookDeliveryRow.id.desc()).limit(limit + 1)
+        query = select(WebhookDeliveryRow)
         filters = {
             WebhookDeliveryRow.tenant: scope,
             WebhookDeliveryRow.job_id: job_id,
@@ -180,18 +172,23 @@ class WebhookStore:
         for column, value in filters.items():
             if value is not None:
                 query = query.where(column == value)
-        if after is not None:
-            query = query.where(WebhookDeliveryRow.id < after)
-        with self._sessions.begin() as session:
-            rows = list(session.scalars(query))
-            return _deliveries_with_history(session, rows[:limit]), len(rows) > limit
+        with self._transaction() as session:
+            return newest_first(
+                session,
+                query,
+                WebhookDeliveryRow.id,
+                after=after,
+                limit=limit,
+                convert=lambda rows: _deliveries_with_history(session, rows),
+            )
 
-    @translate_errors
     def replay(self, delivery_id: str, *, scope: str | None) -> Delivery:
         """Send a delivery again now (same `webhook-id`); its endpoint must be enabled."""
         now = self._clock()
-        with self._sessions.begin() as session:
-            row = _delivery_row(session, delivery_id, scope, for_update=True)
+        with self._transaction() as session:
+            row = scoped_row(
+                session, WebhookDeliveryRow, delivery_id, scope, noun=_DELIVERY, for_update=True
+            )
             if row.state == DeliveryState.DELIVERING.value:
                 raise InvalidState(f"delivery {delivery_id} is being delivered right now")
             endpoint = session.get(WebhookEndpointRow, row.endpoint_id)
@@ -219,24 +216,6 @@ def _attempt(delivery_id: str, number: int, started_at: datetime, error: str) ->
     )
 
 
-def _endpoint_row(
-    session: Session, endpoint_id: str, scope: str | None, *, for_update: bool = False
-) -> WebhookEndpointRow:
-    row = session.get(WebhookEndpointRow, endpoint_id, with_for_update=for_update)
-    if row is None or (scope is not None and row.tenant != scope):
-        raise NotFound(f"no webhook endpoint with id {endpoint_id!r}")
-    return row
-
-
-def _delivery_row(
-    session: Session, delivery_id: str, scope: str | None, *, for_update: bool = False
-) -> WebhookDeliveryRow:
-    row = session.get(WebhookDeliveryRow, delivery_id, with_for_update=for_update)
-    if row is None or (scope is not None and row.tenant != scope):
-        raise NotFound(f"no webhook delivery with id {delivery_id!r}")
-    return row
-
-
 def _endpoints_of(session: Session, ids: set[str]) -> dict[str, WebhookEndpoint]:
     if not ids:
         return {}
@@ -258,7 +237,7 @@ def _deliveries_with_history(
             history[a.delivery_id].append(
                 Attempt(
                     number=a.number,
-                    started_at=as_utc(a.started_at) or a.started_at,
+                    started_at=as_utc(a.started_at),
                     status_code=a.status_code,
                     latency_ms=a.latency_ms,
                     error=a.error,
@@ -279,7 +258,7 @@ def _endpoint(row: WebhookEndpointRow) -> WebhookEndpoint:
         secret=row.secret,
         previous_secret=row.previous_secret,
         previous_expires_at=as_utc(row.previous_expires_at),
-        created_at=as_utc(row.created_at) or row.created_at,
+        created_at=as_utc(row.created_at),
         disabled_at=as_utc(row.disabled_at),
         disabled_reason=row.disabled_reason,
     )
@@ -296,7 +275,7 @@ def _delivery(row: WebhookDeliveryRow, url: str) -> Delivery:
         batch_id=row.batch_id,
         state=DeliveryState(row.state),
         attempts=row.attempts,
-        next_attempt_at=as_utc(row.next_attempt_at) or row.next_attempt_at,
-        created_at=as_utc(row.created_at) or row.created_at,
+        next_attempt_at=as_utc(row.next_attempt_at),
+        created_at=as_utc(row.created_at),
         finished_at=as_utc(row.finished_at),
     )

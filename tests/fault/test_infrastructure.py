@@ -3,13 +3,12 @@ one result. Each test runs its own server to flush or restart."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import redis
 
 from inferq.jobs import JobStatus
 from tests.fault.conftest import DeploymentFactory
+from tests.helpers.processes import log_contains
 from tests.helpers.servers import PostgresServer
 
 pytestmark = pytest.mark.engine
@@ -41,15 +40,18 @@ def test_a_postgres_restart_mid_write_loses_nothing_and_fails_nothing(
 ) -> None:
     deployed = deployment(database_url=own_postgres.url("inferq"))
     worker = deployed.start_worker("gpu-a")
-    ids = deployed.submit(_bodies(300, 48))
+    # Enough work that much of it is still to be written when Postgres stops, however
+    # fast the tiny model runs here.
+    ids = deployed.submit(_bodies(300, 200))
     deployed.wait_done_count(ids, 30)
     own_postgres.stop()
-    time.sleep(3)
+    # Down until the worker has failed to write results (it keeps them and retries).
+    worker.wait_until(log_contains(worker, "cannot write"), timeout_s=60, what="meeting the outage")
     own_postgres.start()
     jobs = deployed.wait_all_ended(ids)
 
     assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 300
-    assert all(j.result is not None and j.result.completion_tokens == 48 for j in jobs)
+    assert all(j.result is not None and j.result.completion_tokens == 200 for j in jobs)
     # The worker rode it out: the same process, still serving.
     assert worker.alive()
     more = deployed.submit(_bodies(5, 8))

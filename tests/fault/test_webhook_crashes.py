@@ -4,7 +4,7 @@ worker killed mid-attempt loses a webhook."""
 
 from __future__ import annotations
 
-import time
+from typing import Any
 
 import pytest
 import redis
@@ -13,9 +13,11 @@ from standardwebhooks import Webhook
 from inferq.constants import WEBHOOKS_QUEUE
 from inferq.jobs import JobStatus
 from tests.fault.conftest import DeploymentFactory
+from tests.helpers.broker import Broker
 from tests.helpers.deployment import Deployment
 from tests.helpers.processes import INFERQ, ServiceProcess, log_contains
 from tests.helpers.receiver import Reply, receiver
+from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -40,6 +42,18 @@ def _secret(deployed: Deployment, url: str) -> str:
     with deployed.client() as client:
         endpoints = client.get("/v1/webhook-endpoints").json()["data"]
     return str(next(e["secret"] for e in endpoints if e["url"] == url))
+
+
+def _wait_delivered(deployed: Deployment, job_id: str) -> dict[str, Any]:
+    """The job's one delivery, once it is recorded as succeeded."""
+
+    def delivered() -> dict[str, Any] | None:
+        with deployed.client() as client:
+            response = client.get("/v1/webhook-deliveries", params={"job_id": job_id})
+        [delivery] = response.json()["data"]
+        return delivery if delivery["state"] == "succeeded" else None
+
+    return wait_until(delivered, timeout_s=30, what=f"{job_id} delivered", interval_s=0.2)
 
 
 def test_webhooks_outlive_the_workers_and_their_wake_up_messages(
@@ -81,7 +95,15 @@ def test_webhooks_outlive_the_workers_and_their_wake_up_messages(
         assert (payload["type"], payload["data"]["id"]) == ("job.cancelled", queued["id"])
         payload = Webhook(_secret(deployed, done_url)).verify(succeeded.body, succeeded.headers)
         assert (payload["type"], payload["data"]["id"]) == ("job.succeeded", done["id"])
-        time.sleep(4)  # several maintenance passes: still once each
+        # Both recorded as delivered, then several maintenance passes (each would wake the
+        # delivery worker for anything still due): still once each.
+        for job_id in (queued["id"], done["id"]):
+            _wait_delivered(deployed, job_id)
+        broker = Broker.of(deployed.env)
+        try:
+            broker.wait_maintenance_passes(3, timeout_s=30)
+        finally:
+            broker.close()
         assert len(hooks.received()) == 2
 
 
@@ -102,15 +124,7 @@ def test_a_delivery_worker_killed_mid_attempt_leaves_it_to_be_sent_again(
             _start_service(deployed, "service-2")
             first, second = hooks.wait_for("/slow", 2, timeout_s=60)
             assert first.headers["webhook-id"] == second.headers["webhook-id"]
-            deadline = time.monotonic() + 30
-            while True:
-                [delivery] = client.get(
-                    "/v1/webhook-deliveries", params={"job_id": job["id"]}
-                ).json()["data"]
-                if delivery["state"] == "succeeded" or time.monotonic() > deadline:
-                    break
-                time.sleep(0.2)
-        assert delivery["state"] == "succeeded"
+        delivery = _wait_delivered(deployed, job["id"])
         lost, delivered = delivery["attempts"]
         assert lost["status_code"] is None
         assert "stopped before this attempt ended" in lost["error"]

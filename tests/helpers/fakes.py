@@ -1,11 +1,17 @@
-"""A fake engine with the real `Engine` interface, for unit tests of the loop."""
+"""Fakes with the real interfaces, for unit tests: engines (`worker.engine.Engine`) and an
+in-memory job store (`worker.store.WorkerStore`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
-from inferq.exceptions import EngineError, RequestRejected
-from inferq.jobs import Choice, JobResult
+from inferq.exceptions import EngineError, RequestRejected, StoreUnavailable
+from inferq.jobs import Choice, ClaimedJob, JobOutcome, JobResult, JobStatus, SamplingParams
 from inferq.token_stream import ChoiceDelta, JobDelta
 from worker.engine import EngineRequest, Finished
 
@@ -77,6 +83,24 @@ class StepEngine:
     def close(self) -> None:
         self.closed = True
 
+    def kv_cache_usage(self) -> float | None:
+        return None
+
+
+class HeldEngine(StepEngine):
+    """A StepEngine whose requests make no progress until `go` is set: jobs stay in it for
+    as long as a test needs them there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+
+    def step(self) -> list[Finished]:
+        # A short wait, not a block: the loop must still see aborts and stops.
+        if not self.go.wait(0.01):
+            return []
+        return super().step()
+
 
 def _one_token(request: EngineRequest, left: int) -> JobDelta:
     made = request.sampling.max_tokens - left
@@ -91,4 +115,145 @@ def _one_token(request: EngineRequest, left: int) -> JobDelta:
                 finish_reason="length" if left <= 0 else None,
             ),
         ),
+    )
+
+
+@dataclass
+class StoredJob:
+    """A job as the in-memory store keeps it."""
+
+    id: str
+    max_tokens: int
+    batch_id: str | None
+    priority: int
+    status: JobStatus = JobStatus.QUEUED
+    worker: str | None = None
+    lease_ends: float = 0.0  # on the store's clock, in seconds
+    outcome: JobOutcome | None = None
+    claims: int = 0
+
+
+class MemoryJobStore:
+    """The job store's worker calls (`worker.store.WorkerStore`) over a dict, with the same
+    rules as the SQL store: a claim takes queued jobs and running ones whose lease ran out;
+    results are written only to jobs still queued or running. Thread-safe; `changed` is
+    notified after every call, so a test can wait for what it expects.
+
+    `fail(method, times)` makes the next `times` calls of a method raise `StoreUnavailable`.
+    """
+
+    def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
+        self.jobs: dict[str, StoredJob] = {}
+        self.touched: list[str] = []
+        self.renewed: list[str] = []
+        self.changed = threading.Condition()
+        self._clock = clock or time.monotonic
+        self._failures: dict[str, int] = {}
+
+    def add(
+        self,
+        job_id: str,
+        *,
+        max_tokens: int = 2,
+        batch_id: str | None = None,
+        priority: int = 0,
+    ) -> None:
+        with self.changed:
+            self.jobs[job_id] = StoredJob(job_id, max_tokens, batch_id, priority)
+
+    def take_over(self, job_id: str, *, worker: str, lease_s: float = 3600) -> None:
+        """Another worker holds `job_id` now (as after this worker's lease lapsed)."""
+        with self.changed:
+            job = self.jobs[job_id]
+            job.status, job.worker = JobStatus.RUNNING, worker
+            job.lease_ends = self._clock() + lease_s
+
+    def cancel(self, job_id: str) -> None:
+        with self.changed:
+            self.jobs[job_id].status = JobStatus.CANCELLED
+
+    def fail(self, method: str, times: int = 1) -> None:
+        with self.changed:
+            self._failures[method] = times
+
+    def wait_for(self, predicate: Callable[[], bool], timeout_s: float = 10) -> bool:
+        with self.changed:
+            return self.changed.wait_for(predicate, timeout_s)
+
+    def claim_jobs(self, job_ids: Sequence[str], *, worker: str, lease_s: int) -> list[ClaimedJob]:
+        with self._call("claim_jobs"):
+            now = self._clock()
+            claimed = []
+            for job in (self.jobs[j] for j in job_ids if j in self.jobs):
+                lapsed = job.status is JobStatus.RUNNING and job.lease_ends < now
+                if job.status is JobStatus.QUEUED or lapsed:
+                    job.status, job.worker = JobStatus.RUNNING, worker
+                    job.lease_ends = now + lease_s
+                    job.claims += 1
+                    claimed.append(_claimed(job))
+            return claimed
+
+    def renew_leases(self, job_ids: Sequence[str], *, worker: str, lease_s: int) -> set[str]:
+        with self._call("renew_leases"):
+            self.renewed.extend(job_ids)
+            held = set()
+            for job in (self.jobs[j] for j in job_ids if j in self.jobs):
+                mine = job.status is JobStatus.RUNNING and job.worker == worker
+                if mine or job.status is JobStatus.QUEUED:
+                    job.status, job.worker = JobStatus.RUNNING, worker
+                    job.lease_ends = self._clock() + lease_s
+                    held.add(job.id)
+            return set(job_ids) - held
+
+    def touch_published(self, job_ids: Sequence[str]) -> None:
+        with self._call("touch_published"):
+            self.touched.extend(job_ids)
+
+    def release_jobs(
+        self, job_ids: Sequence[str], *, worker: str, requeue_after_s: int
+    ) -> list[str]:
+        with self._call("release_jobs"):
+            released = []
+            for job in (self.jobs[j] for j in job_ids if j in self.jobs):
+                if job.status is JobStatus.RUNNING and job.worker == worker:
+                    job.status, job.worker = JobStatus.QUEUED, None
+                    job.lease_ends = self._clock() + requeue_after_s
+                    released.append(job.id)
+            return released
+
+    def finish_jobs(self, outcomes: Sequence[JobOutcome]) -> list[str]:
+        with self._call("finish_jobs"):
+            written = []
+            for outcome in outcomes:
+                job = self.jobs.get(outcome.job_id)
+                if job is not None and job.status in (JobStatus.QUEUED, JobStatus.RUNNING):
+                    job.status, job.outcome = outcome.status, outcome
+                    written.append(job.id)
+            return written
+
+    def status(self, job_id: str) -> JobStatus:
+        with self.changed:
+            return self.jobs[job_id].status
+
+    @contextmanager
+    def _call(self, method: str) -> Iterator[None]:
+        """One store call: under the store's lock, possibly failing, announced after."""
+        with self.changed:
+            try:
+                if self._failures.get(method, 0):
+                    self._failures[method] -= 1
+                    raise StoreUnavailable(f"the fake store is down ({method})")
+                yield
+            finally:
+                self.changed.notify_all()
+
+
+def _claimed(job: StoredJob) -> ClaimedJob:
+    return ClaimedJob(
+        id=job.id,
+        prompt_token_ids=[1, 2, 3],
+        sampling=SamplingParams(max_tokens=job.max_tokens),
+        created_at=datetime.now(UTC),
+        batch_id=job.batch_id,
+        priority=job.priority,
     )

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-INFERQ = [sys.executable, "-m", "inferq.cli"]
+INFERQ = [sys.executable, "-m", "cli.main"]
 
 
 class ServiceProcess:

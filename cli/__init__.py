@@ -1,0 +1,1 @@
+"""The `inferq` command: the entry points that start and drive every process."""

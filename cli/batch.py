@@ -1,0 +1,216 @@
+"""`inferq batch ...`: submit prompt files, watch them run, fetch their results."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from inferq.client import Client
+from inferq.prompt_files import Defaults, prepare
+from inferq.settings import Settings
+
+batch_app = typer.Typer(no_args_is_help=True, help="Submit and follow batch files.")
+TERMINAL = {"completed", "failed", "expired", "cancelled"}
+console = Console(stderr=True)
+
+UrlOption = Annotated[str | None, typer.Option(help="API base URL [env INFERQ_API_URL].")]
+KeyOption = Annotated[
+    str | None, typer.Option(help="API key.", envvar="INFERQ_API_KEY", show_envvar=True)
+]
+
+# Sampling for lines converted from plain text or {"prompt"}/{"messages"} objects.
+ChatOption = Annotated[bool, typer.Option(help="Send plain-text prompts as chat.")]
+MaxTokensOption = Annotated[int | None, typer.Option(help="For converted lines.")]
+TemperatureOption = Annotated[float | None, typer.Option(help="For converted lines.")]
+TopPOption = Annotated[float | None, typer.Option(help="For converted lines.")]
+SeedOption = Annotated[int | None, typer.Option(help="For converted lines.")]
+
+
+def sampling_defaults(
+    *, max_tokens: int | None, temperature: float | None, top_p: float | None, seed: int | None
+) -> dict[str, Any]:
+    given = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def _client(url: str | None, api_key: str | None) -> Client:
+    return Client(url or Settings().api_url, api_key=api_key)
+
+
+@batch_app.command("submit")
+def submit(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="The prompt file.")],
+    wait: Annotated[bool, typer.Option(help="Follow it with a progress bar until done.")] = False,
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="With --wait: write the results here.")
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="Model for converted lines.")] = None,
+    chat: ChatOption = True,
+    max_tokens: MaxTokensOption = None,
+    temperature: TemperatureOption = None,
+    top_p: TopPOption = None,
+    seed: SeedOption = None,
+    completion_window: Annotated[str, typer.Option(help="e.g. 24h, 90m.")] = "24h",
+    url: UrlOption = None,
+    api_key: KeyOption = None,
+) -> None:
+    """Submit FILE as a batch: OpenAI Batch JSONL, JSONL of {"prompt"} or {"messages"}
+    objects, or plain text with one prompt per line."""
+    sampling = sampling_defaults(
+        max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed
+    )
+    with _client(url, api_key) as client, tempfile.TemporaryDirectory() as workdir:
+        served = model or client.get("/v1/models")["data"][0]["id"]
+        ready = prepare(
+            file, Defaults(model=served, sampling=sampling, chat=chat), workdir=Path(workdir)
+        )
+        uploaded = client.upload(ready.path)
+        batch = client.post(
+            "/v1/batches",
+            {
+                "input_file_id": uploaded["id"],
+                "endpoint": ready.endpoint,
+                "completion_window": completion_window,
+            },
+        )
+    typer.echo(batch["id"])
+    if batch["status"] == "failed":
+        _print_errors(batch)
+        raise typer.Exit(1)
+    if wait:
+        with _client(url, api_key) as client:
+            batch = _follow(client, batch["id"])
+            _finish(client, batch, output)
+
+
+@batch_app.command("status")
+def status(
+    batch_id: Annotated[str, typer.Argument()], url: UrlOption = None, api_key: KeyOption = None
+) -> None:
+    """Show a batch: status, counts, files."""
+    with _client(url, api_key) as client:
+        batch = client.get(f"/v1/batches/{batch_id}")
+    counts = batch["request_counts"]
+    typer.echo(
+        f"{batch['id']}  {batch['status']}  {counts['completed']} done, {counts['failed']} "
+        f"failed of {counts['total']}  output={batch['output_file_id']}  "
+        f"errors={batch['error_file_id']}"
+    )
+    if batch["status"] == "failed":
+        _print_errors(batch)
+
+
+@batch_app.command("cancel")
+def cancel(
+    batch_id: Annotated[str, typer.Argument()], url: UrlOption = None, api_key: KeyOption = None
+) -> None:
+    """Cancel a batch: finished lines are kept, the rest never run."""
+    with _client(url, api_key) as client:
+        batch = client.post(f"/v1/batches/{batch_id}/cancel")
+    typer.echo(f"{batch['id']}  {batch['status']}")
+
+
+@batch_app.command("list")
+def list_batches(
+    limit: Annotated[int, typer.Option(help="How many.")] = 20,
+    url: UrlOption = None,
+    api_key: KeyOption = None,
+) -> None:
+    """List batches, newest first."""
+    with _client(url, api_key) as client:
+        page = client.get("/v1/batches", limit=limit)
+    for batch in page["data"]:
+        counts = batch["request_counts"]
+        typer.echo(
+            f"{batch['id']}  {batch['status']:<11}  {counts['completed']}/{counts['total']} "
+            f"done  {counts['failed']} failed  {batch['endpoint']}"
+        )
+
+
+@batch_app.command("download")
+def download(
+    batch_id: Annotated[str, typer.Argument()],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write results.")],
+    url: UrlOption = None,
+    api_key: KeyOption = None,
+) -> None:
+    """Write a batch's results (and, beside them, its errors) to files."""
+    with _client(url, api_key) as client:
+        _finish(client, client.get(f"/v1/batches/{batch_id}"), output)
+
+
+def progress_bar() -> Progress:
+    """Lines done of total, failed lines, generated tokens/s, elapsed time and ETA."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[failed]} failed"),
+        TextColumn("{task.fields[rate]:.0f} tok/s"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+    )
+
+
+def _follow(client: Client, batch_id: str) -> dict[str, Any]:
+    with progress_bar() as progress:
+        batch = client.get(f"/v1/batches/{batch_id}")
+        task = progress.add_task(
+            batch_id, total=batch["request_counts"]["total"], failed=0, rate=0.0
+        )
+        tokens, since = batch["usage"]["output_tokens"], time.monotonic()
+        while batch["status"] not in TERMINAL:
+            time.sleep(1)
+            batch = client.get(f"/v1/batches/{batch_id}")
+            counts, now = batch["request_counts"], time.monotonic()
+            rate = (batch["usage"]["output_tokens"] - tokens) / max(now - since, 1e-6)
+            tokens, since = batch["usage"]["output_tokens"], now
+            progress.update(
+                task,
+                completed=counts["completed"] + counts["failed"],
+                failed=counts["failed"],
+                rate=rate,
+                description=f"{batch_id} {batch['status']}",
+            )
+    return batch
+
+
+def _finish(client: Client, batch: dict[str, Any], output: Path | None) -> None:
+    counts = batch["request_counts"]
+    typer.echo(
+        f"batch {batch['id']} {batch['status']}: {counts['completed']} succeeded, "
+        f"{counts['failed']} failed of {counts['total']}",
+        err=True,
+    )
+    if output is None:
+        return
+    for file_id, target in (
+        (batch["output_file_id"], output),
+        (batch["error_file_id"], output.with_suffix(".errors.jsonl")),
+    ):
+        if file_id is None:
+            continue
+        with target.open("wb") as out:
+            for chunk in client.download(file_id):
+                out.write(chunk)
+        typer.echo(f"wrote {target}", err=True)
+
+
+def _print_errors(batch: dict[str, Any]) -> None:
+    for error in (batch.get("errors") or {}).get("data", []):
+        typer.echo(f"  {error['message']}", err=True)

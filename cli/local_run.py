@@ -1,0 +1,317 @@
+"""`inferq run FILE`: one batch on this machine, with no Redis, Postgres or Docker.
+
+The pieces are a deployment's, embedded: the SQLAlchemy store and its Alembic migrations
+on SQLite (the state file), an in-process queue where Redis would be, and the GPU
+worker's runtime (capacity gate, engine loop, result writer). A line's result is
+committed to the state file before it counts as done, so a run that is interrupted
+(Ctrl-C, or killed outright) and started again with the same state file skips the lines
+already done and runs the others; no line is written twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sqlalchemy import Engine
+
+from inferq.batch_ops import BatchOperations
+from inferq.batches import Batch, BatchStatus, FilePurpose
+from inferq.db.batches import BatchStore
+from inferq.db.engine import make_engine, make_sessions
+from inferq.db.files import FileStore
+from inferq.db.jobs import JobStore
+from inferq.db.migrate import upgrade
+from inferq.demo_model import CPU_DTYPE, DEMO, TINY, build_demo_model
+from inferq.exceptions import InferqError, JobsReturned
+from inferq.jobs import JobStatus
+from inferq.prompts import PromptRenderer
+from inferq.settings import Settings
+from inferq.validation import JobValidator
+
+if TYPE_CHECKING:
+    from worker.engine import Engine as ModelEngine
+    from worker.runtime import EngineRuntime
+
+log = logging.getLogger(__name__)
+
+LOCAL_TENANT = "local"
+LOCAL_WORKER = "inferq-run"
+# A local run has no API to protect: its only limits are the machine's.
+NO_LIMIT = 2**62
+
+
+def demo_model_dir() -> Path:
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return cache / "inferq" / "demo-model"
+
+
+def local_settings(settings: Settings, model: str | None) -> Settings:
+    """`settings` for a run on this machine. `--model demo` builds the demo model (random
+    weights: NOT a real model) and sizes the engine for it, unless the environment says
+    otherwise."""
+    if model is None:
+        return settings
+    if model != DEMO:
+        return settings.model_copy(update={"model": model, "served_model_name": None})
+    sized_for_demo = {
+        "dtype": CPU_DTYPE,
+        "enforce_eager": True,
+        "max_num_seqs": 32,
+        "max_batch_size": 16,
+    }
+    chosen = settings.model_fields_set
+    return settings.model_copy(
+        update={
+            "model": str(build_demo_model(demo_model_dir(), TINY)),
+            "served_model_name": DEMO,
+            "tokenizer": None,
+            **{k: v for k, v in sized_for_demo.items() if k not in chosen},
+        }
+    )
+
+
+class StateMismatch(InferqError):
+    """The state file belongs to another input file."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    total: int
+    succeeded: int
+    failed: int
+    output_tokens: int
+
+    @property
+    def done(self) -> int:
+        return self.succeeded + self.failed
+
+
+class LocalRun:
+    """One input file's batch in a SQLite state file, run by an embedded GPU runtime."""
+
+    def __init__(self, settings: Settings, *, state: Path) -> None:
+        self.settings = settings
+        self.state = state
+        url = f"sqlite:///{state}"
+        upgrade(url)
+        self._db: Engine = make_engine(url)
+        sessions = make_sessions(self._db)
+        self.jobs = JobStore(sessions)
+        self.batches = BatchStore(sessions)
+        self._files = FileStore(sessions)
+        self._ops = self._operations(validator=None)
+
+    def close(self) -> None:
+        self._db.dispose()
+
+    def open_batch(self, source: Path, *, endpoint: str, name: str) -> Batch:
+        """The batch of `source` (the file `name`, as batch lines): the one in the state
+        file, or a new one."""
+        digest = _sha256(source)
+        existing, _ = self.batches.page(scope=LOCAL_TENANT, after=None, limit=1)
+        if existing:
+            batch = existing[0]
+            if batch.metadata.get("input_sha256") != digest:
+                raise StateMismatch(
+                    f"the state file {self.state} belongs to another input file, or other "
+                    f"options ({batch.metadata.get('input_name')}); give a new --state, or "
+                    "delete it to start over"
+                )
+            self._take_back_lines_in_flight(batch.id)
+            return batch
+        settings = self.settings
+        renderer = PromptRenderer.load(
+            settings.tokenizer_name, max_model_len=settings.max_model_len
+        )
+        validator = JobValidator.from_settings(renderer, settings)
+        with source.open("rb") as f:
+            stored = self._files.upload(
+                tenant=LOCAL_TENANT,
+                purpose=FilePurpose.BATCH,
+                filename=source.name,
+                chunks=iter(lambda: f.read(1 << 20), b""),
+                max_bytes=NO_LIMIT,
+            )
+        return self._operations(validator).create(
+            tenant=LOCAL_TENANT,
+            input_file_id=stored.id,
+            endpoint=endpoint,
+            completion_window="168h",
+            metadata={"input_sha256": digest, "input_name": name},
+        )
+
+    def progress(self, batch_id: str) -> Progress:
+        batch = self.batches.get(batch_id)
+        counts = batch.counts
+        return Progress(
+            total=counts.total,
+            succeeded=counts.completed,
+            failed=counts.failed,
+            output_tokens=batch.usage.output_tokens,
+        )
+
+    def load_engine(self) -> ModelEngine:
+        """Check this host and load the model (`PreflightFailed`, `EngineStartFailed`)."""
+        from inferq.preflight import engine_settings
+        from worker.engine_factory import build_engine
+
+        self.settings = engine_settings(self.settings)
+        return build_engine(self.settings)
+
+    def run(
+        self,
+        batch_id: str,
+        *,
+        engine: ModelEngine,
+        stop: threading.Event,
+        on_progress: Callable[[Progress], None],
+        poll_s: float = 0.5,
+    ) -> bool:
+        """Run the batch's remaining lines on `engine` (closed at the end) until all have
+        ended (True) or `stop` is set (False: lines in flight go back to queued, to run
+        next time)."""
+        from worker.metrics import WorkerMetrics
+        from worker.runtime import EngineRuntime
+
+        settings = self.settings
+        on_progress(self.progress(batch_id))
+        fatal: list[BaseException] = []
+
+        def give_up(exc: BaseException) -> None:
+            fatal.append(exc)
+            stop.set()
+
+        runtime = EngineRuntime.from_settings(
+            settings,
+            store=self.jobs,
+            engine=engine,
+            events=_NoListeners(),
+            worker_name=LOCAL_WORKER,
+            on_fatal=give_up,
+            metrics=WorkerMetrics(),
+        )
+        work = _InProcessQueue(
+            self.batches.job_id_chunks(batch_id), settings.effective_bulk_chunk_size
+        )
+        consumers = [
+            threading.Thread(target=work.consume, args=(runtime,), name=f"consumer-{i}")
+            for i in range(_consumers(settings))
+        ]
+        runtime.start()
+        for consumer in consumers:
+            consumer.start()
+        try:
+            while not stop.wait(poll_s) and any(c.is_alive() for c in consumers):
+                on_progress(self.progress(batch_id))
+        finally:
+            if stop.is_set():
+                work.close()
+                runtime.drain(timeout_s=0)
+            for consumer in consumers:
+                consumer.join()
+            runtime.stop()  # the engine loop closes its engine
+        if fatal:
+            raise InferqError(f"the engine cannot go on: {fatal[0]}")
+        on_progress(self.progress(batch_id))
+        if stop.is_set():
+            return False
+        self._ops.finalize(batch_id)
+        return True
+
+    def write_results(self, batch_id: str, output: Path) -> tuple[Path | None, Path | None]:
+        """Write the output file (and the error file, if any line failed) next to each other."""
+        batch = self.batches.get(batch_id)
+        if batch.status is not BatchStatus.COMPLETED:
+            raise InferqError(f"the batch is {batch.status}, not completed")
+        written: list[Path | None] = []
+        for file_id, target in (
+            (batch.output_file_id, output),
+            (batch.error_file_id, output.with_suffix(".errors.jsonl")),
+        ):
+            if file_id is None:
+                written.append(None)
+                continue
+            partial = target.with_name(target.name + ".partial")
+            with partial.open("wb") as out:
+                for chunk in self._ops.content(self._files.get(file_id)):
+                    out.write(chunk)
+            partial.replace(target)
+            written.append(target)
+        return written[0], written[1]
+
+    def _operations(self, validator: JobValidator | None) -> BatchOperations:
+        return BatchOperations(
+            files=self._files,
+            batches=self.batches,
+            validator=validator,
+            model_name=self.settings.model_name,
+            publisher=None,
+            events=None,
+            max_lines=NO_LIMIT,
+            requeue_after_s=self.settings.requeue_after_s,
+        )
+
+    def _take_back_lines_in_flight(self, batch_id: str) -> None:
+        """Lines a killed run had in the engine were never written: queue them again."""
+        for job_ids in self.batches.job_id_chunks(batch_id, statuses=(JobStatus.RUNNING,)):
+            self.jobs.release_jobs(job_ids, worker=LOCAL_WORKER, requeue_after_s=0)
+
+
+class _NoListeners:
+    """Nobody long-polls a local run: finished jobs are announced to no one."""
+
+    def finished(self, job_ids: Sequence[str]) -> None:
+        pass
+
+
+class _InProcessQueue:
+    """Where Redis would be: chunks of queued job ids, taken by consumer threads that
+    each hand one chunk at a time to the runtime, as Celery's threads do."""
+
+    def __init__(self, chunks: Iterator[list[str]], size: int) -> None:
+        self._chunks = _rechunk(chunks, size)
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+
+    def take(self) -> list[str] | None:
+        with self._lock:
+            if self._closed.is_set():
+                return None
+            return next(self._chunks, None)
+
+    def close(self) -> None:
+        self._closed.set()
+
+    def consume(self, runtime: EngineRuntime) -> None:
+        while (job_ids := self.take()) is not None:
+            try:
+                runtime.run(job_ids, interactive=False)
+            except JobsReturned:
+                return
+
+
+def _rechunk(chunks: Iterator[list[str]], size: int) -> Iterator[list[str]]:
+    for chunk in chunks:
+        for start in range(0, len(chunk), size):
+            yield chunk[start : start + size]
+
+
+def _consumers(settings: Settings) -> int:
+    """Enough threads to keep the runtime's gate full, like the worker's Celery pool."""
+    held = settings.max_num_seqs + settings.max_batch_size
+    return max(2, -(-held // settings.effective_bulk_chunk_size) + 1)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,121 @@
+"""What every store shares: its session factory and clock, transactions whose driver errors
+are translated, UTC datetimes, tenant-scoped reads and pages of a listing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Generic, NamedTuple, Protocol, TypeVar, overload
+
+from sqlalchemy import Select
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
+
+from inferq.exceptions import NotFound, StoreUnavailable
+
+T = TypeVar("T")
+RowT = TypeVar("RowT")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@overload
+def as_utc(value: datetime) -> datetime: ...
+@overload
+def as_utc(value: None) -> None: ...
+@overload
+def as_utc(value: datetime | None) -> datetime | None: ...
+def as_utc(value: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; everything inferq stores is UTC."""
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+class Page(NamedTuple, Generic[T]):
+    """One page of a listing, newest first."""
+
+    items: list[T]
+    has_more: bool
+
+
+class Store:
+    """The base of every store: built once per process and handed to whoever needs it."""
+
+    def __init__(
+        self, sessions: sessionmaker[Session], *, clock: Callable[[], datetime] = utcnow
+    ) -> None:
+        self._sessions = sessions
+        self._clock = clock
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Session]:
+        """A session in a transaction, committed at the end (rolled back on an error)."""
+        with _translated(), self._sessions.begin() as session:
+            yield session
+
+    @contextmanager
+    def _reading(self) -> Iterator[Session]:
+        """A session outside an explicit transaction, for a long read through a
+        server-side cursor."""
+        with _translated(), self._sessions() as session:
+            yield session
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    """Turn a lost or refused database connection into `StoreUnavailable`."""
+    try:
+        yield
+    except OperationalError as exc:
+        raise StoreUnavailable(f"the database is unavailable: {exc.orig}") from exc
+    except DBAPIError as exc:
+        if exc.connection_invalidated:
+            raise StoreUnavailable(f"the database connection was lost: {exc.orig}") from exc
+        raise
+
+
+class _Owned(Protocol):
+    @property
+    def tenant(self) -> str: ...
+
+
+OwnedT = TypeVar("OwnedT", bound=_Owned)
+
+
+def scoped_row(
+    session: Session,
+    model: type[OwnedT],
+    row_id: str,
+    scope: str | None,
+    *,
+    noun: str,
+    for_update: bool = False,
+) -> OwnedT:
+    """The row with this id, if it belongs to `scope` (a tenant; None sees every tenant)."""
+    row = session.get(model, row_id, with_for_update=for_update)
+    # Another tenant's row is "not found", so ids cannot be probed across tenants.
+    if row is None or (scope is not None and row.tenant != scope):
+        raise NotFound(f"no {noun} with id {row_id!r}")
+    return row
+
+
+def newest_first(
+    session: Session,
+    query: Select[RowT],
+    key: InstrumentedAttribute[str],
+    *,
+    after: str | None,
+    limit: int,
+    convert: Callable[[Sequence[RowT]], list[T]],
+) -> Page[T]:
+    """A page of `query`'s rows, newest first by `key` (an id that sorts by age), that
+    follows the row with id `after`; `convert` makes the page's rows domain objects."""
+    query = query.order_by(key.desc()).limit(limit + 1)
+    if after is not None:
+        query = query.where(key < after)
+    rows = session.scalars(query).all()
+    return Page(convert(rows[:limit]), has_more=len(rows) > limit)

@@ -1,0 +1,108 @@
+import threading
+import time
+
+from tests.helpers.waiting import wait_until
+from worker.capacity import CapacityGate
+
+
+def _acquire_later(
+    gate: CapacityGate, count: int, *, interactive: bool, order: list[str], name: str
+) -> threading.Thread:
+    def run() -> None:
+        if gate.acquire(count, interactive=interactive):
+            order.append(name)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def _bulk_waiting(gate: CapacityGate, count: int) -> None:
+    wait_until(lambda: gate.bulk_waiting == count, timeout_s=10, what=f"{count} bulk waiting")
+
+
+def _interactive_waiting(gate: CapacityGate, count: int) -> None:
+    wait_until(
+        lambda: gate.interactive_waiting == count,
+        timeout_s=10,
+        what=f"{count} interactive waiting",
+    )
+
+
+def test_room_is_shared_and_given_back() -> None:
+    gate = CapacityGate(4)
+    assert gate.acquire(3, interactive=False)
+    order: list[str] = []
+    waiter = _acquire_later(gate, 2, interactive=False, order=order, name="bulk")
+    _bulk_waiting(gate, 1)
+    assert order == []
+    gate.release(1)
+    waiter.join(2)
+    assert order == ["bulk"]
+    assert gate.used == 4
+
+
+def test_interactive_work_goes_before_waiting_bulk_work() -> None:
+    gate = CapacityGate(2)
+    assert gate.acquire(2, interactive=False)
+    order: list[str] = []
+    bulk = _acquire_later(gate, 1, interactive=False, order=order, name="bulk")
+    _bulk_waiting(gate, 1)
+    interactive = _acquire_later(gate, 1, interactive=True, order=order, name="interactive")
+    _interactive_waiting(gate, 1)
+    gate.release(1)
+    interactive.join(2)
+    gate.release(1)
+    bulk.join(2)
+    assert order == ["interactive", "bulk"]
+
+
+def test_a_request_larger_than_the_gate_gets_in_when_it_is_empty() -> None:
+    gate = CapacityGate(4)
+    assert gate.acquire(16, interactive=False)
+    gate.release(16)
+    assert gate.used == 0
+
+
+def test_closing_turns_waiters_away() -> None:
+    gate = CapacityGate(1)
+    assert gate.acquire(1, interactive=False)
+    order: list[str] = []
+    waiter = _acquire_later(gate, 1, interactive=False, order=order, name="late")
+    _bulk_waiting(gate, 1)
+    gate.close()
+    waiter.join(2)
+    assert order == []
+    assert not gate.acquire(1, interactive=True)
+
+
+def test_single_jobs_have_room_of_their_own_past_a_full_gate() -> None:
+    gate = CapacityGate(2, interactive_extra=1)
+    assert gate.acquire(2, interactive=False)
+    assert not gate.acquire(1, interactive=False, timeout_s=0.05)
+    assert gate.acquire(1, interactive=True, timeout_s=0.05)
+    assert not gate.acquire(1, interactive=True, timeout_s=0.05)
+    assert gate.used == 3
+
+
+def test_a_timed_acquire_gives_up_and_takes_nothing() -> None:
+    gate = CapacityGate(1)
+    assert gate.acquire(1, interactive=True)
+    started = time.monotonic()
+    assert not gate.acquire(1, interactive=True, timeout_s=0.1)
+    assert 0.09 <= time.monotonic() - started < 2
+    gate.release(1)
+    assert gate.acquire(1, interactive=True, timeout_s=0.1)
+    assert gate.used == 1
+
+
+def test_it_counts_the_batch_chunks_waiting_for_room() -> None:
+    gate = CapacityGate(1)
+    assert gate.acquire(1, interactive=False)
+    order: list[str] = []
+    waiter = _acquire_later(gate, 1, interactive=False, order=order, name="bulk")
+    _bulk_waiting(gate, 1)
+    gate.release(1)
+    waiter.join(2)
+    assert gate.bulk_waiting == 0
+    assert order == ["bulk"]

@@ -1,0 +1,394 @@
+"""The GPU runtime on an in-memory store and a fake engine: what a task relies on when it
+hands its jobs over (claimed, run and written before it returns; never run twice; stopped
+when cancelled; given back on shutdown), and the leases and offers behind it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from inferq.exceptions import JobsReturned
+from inferq.jobs import ClaimedJob, JobOutcome, JobResult, JobStatus, engine_priority
+from tests.helpers.fakes import HeldEngine, MemoryJobStore, StepEngine
+from worker.metrics import WorkerMetrics
+from worker.runtime import EngineRuntime
+
+ME = "gpu-1@test"
+WAIT_S = 10
+
+
+class _Announced:
+    """Who hears of committed jobs (long-polls, in a deployment)."""
+
+    def __init__(self) -> None:
+        self.job_ids: list[str] = []
+
+    def finished(self, job_ids: Sequence[str]) -> None:
+        self.job_ids.extend(job_ids)
+
+
+class Task:
+    """A Celery task's call of `runtime.run`, in a thread of its own."""
+
+    def __init__(
+        self, runtime: EngineRuntime, job_ids: list[str], *, interactive: bool = False
+    ) -> None:
+        self.returned: JobsReturned | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(runtime, job_ids, interactive), daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, runtime: EngineRuntime, job_ids: list[str], interactive: bool) -> None:
+        try:
+            runtime.run(job_ids, interactive=interactive)
+        except JobsReturned as exc:
+            self.returned = exc
+
+    def result(self) -> JobsReturned | None:
+        """Wait for the task to return: None if it ended normally (its message would be
+        acknowledged), the `JobsReturned` it raised if its jobs went back."""
+        self._thread.join(WAIT_S)
+        assert not self._thread.is_alive(), "the task did not return"
+        return self.returned
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+MakeRuntime = Callable[..., EngineRuntime]
+
+
+@pytest.fixture
+def make_runtime() -> Iterator[MakeRuntime]:
+    made: list[EngineRuntime] = []
+    fatal: list[BaseException] = []
+
+    def make(
+        *,
+        store: MemoryJobStore,
+        engine: StepEngine,
+        max_num_seqs: int = 8,
+        interactive_seqs: int = 0,
+        max_held_jobs: int = 16,
+        interactive_held_jobs: int = 0,
+        lease_s: int = 3600,
+        events: _Announced | None = None,
+        on_batch_lines_done: Callable[[set[str]], None] | None = None,
+    ) -> EngineRuntime:
+        runtime = EngineRuntime(
+            store=store,
+            engine=engine,
+            engine_factory=StepEngine,
+            events=events or _Announced(),
+            worker_name=ME,
+            max_num_seqs=max_num_seqs,
+            interactive_seqs=interactive_seqs,
+            max_batch_size=8,
+            max_batch_delay_ms=0,
+            max_held_jobs=max_held_jobs,
+            interactive_held_jobs=interactive_held_jobs,
+            result_flush_ms=1,
+            lease_s=lease_s,
+            requeue_after_s=0,
+            max_engine_deaths=3,
+            on_fatal=fatal.append,
+            metrics=WorkerMetrics(CollectorRegistry()),
+            on_batch_lines_done=on_batch_lines_done,
+        )
+        runtime.start()
+        made.append(runtime)
+        return runtime
+
+    yield make
+    for runtime in made:
+        runtime.stop()
+    assert fatal == []
+
+
+def test_a_task_returns_once_the_outcomes_of_its_jobs_are_written(
+    make_runtime: MakeRuntime,
+) -> None:
+    store = MemoryJobStore()
+    for job_id in ("a", "b", "c"):
+        store.add(job_id, max_tokens=2)
+    engine = StepEngine()
+    events = _Announced()
+    runtime = make_runtime(store=store, engine=engine, events=events)
+
+    assert Task(runtime, ["a", "b", "c"]).result() is None
+
+    # Checked at once: the task must not return before the commit.
+    for job_id in ("a", "b", "c"):
+        outcome = store.jobs[job_id].outcome
+        assert outcome is not None
+        assert outcome.result is not None
+        assert outcome.result.choices[0].text == f"done {job_id}"
+        assert store.status(job_id) is JobStatus.SUCCEEDED
+    assert sorted(events.job_ids) == ["a", "b", "c"]
+    assert runtime.held == 0
+    assert engine.requests["a"].priority == engine_priority(0, interactive=False)
+    minute = runtime.last_minute.total()
+    assert (minute.jobs, minute.prompt_tokens, minute.generated_tokens) == (3, 9, 6)
+
+
+def test_jobs_held_elsewhere_or_already_finished_are_not_run(make_runtime: MakeRuntime) -> None:
+    store = MemoryJobStore()
+    for job_id in ("theirs", "mine", "finished"):
+        store.add(job_id)
+    store.take_over("theirs", worker="gpu-2@test")
+    store.finish_jobs(
+        [JobOutcome(job_id="finished", result=JobResult(choices=(), prompt_tokens=1))]
+    )
+    engine = StepEngine()
+    runtime = make_runtime(store=store, engine=engine)
+
+    # A redelivered message: acknowledged without running what is not this worker's.
+    assert Task(runtime, ["theirs", "mine", "finished"]).result() is None
+
+    assert engine.admitted == ["mine"]
+    assert store.jobs["theirs"].worker == "gpu-2@test"
+    assert store.jobs["theirs"].outcome is None
+    assert store.status("mine") is JobStatus.SUCCEEDED
+
+
+def test_a_job_in_two_messages_runs_once(make_runtime: MakeRuntime) -> None:
+    store = MemoryJobStore()
+    store.add("a")
+    engine = HeldEngine()
+    runtime = make_runtime(store=store, engine=engine)
+    first = Task(runtime, ["a"])
+    assert wait_until(lambda: "a" in engine.admitted)
+
+    second = Task(runtime, ["a"])
+    engine.go.set()
+
+    assert first.result() is None
+    assert second.result() is None
+    assert engine.admitted == ["a"]
+    assert store.jobs["a"].claims == 1
+    assert store.status("a") is JobStatus.SUCCEEDED
+
+
+def test_a_cancelled_job_is_aborted_in_the_engine_and_its_task_returns(
+    make_runtime: MakeRuntime,
+) -> None:
+    store = MemoryJobStore()
+    store.add("cancelled")
+    store.add("other")
+    engine = HeldEngine()
+    runtime = make_runtime(store=store, engine=engine)
+    task = Task(runtime, ["cancelled", "other"])
+    assert wait_until(lambda: len(engine.admitted) == 2)
+
+    store.cancel("cancelled")
+    runtime.cancel(["cancelled", "not-held-here"])
+    assert wait_until(lambda: engine.aborted == ["cancelled"])
+    engine.go.set()
+
+    assert task.result() is None
+    assert store.status("cancelled") is JobStatus.CANCELLED
+    assert store.jobs["cancelled"].outcome is None
+    assert store.status("other") is JobStatus.SUCCEEDED
+    assert runtime.held == 0
+
+
+def test_a_job_cancelled_as_its_claim_commits_never_enters_the_engine(
+    make_runtime: MakeRuntime,
+) -> None:
+    store = MemoryJobStore()
+    store.add("raced")
+    store.add("other")
+    engine = StepEngine()
+    runtimes: list[EngineRuntime] = []
+    claim = store.claim_jobs
+
+    def claim_then_hear_a_cancel(
+        job_ids: Sequence[str], *, worker: str, lease_s: int
+    ) -> list[ClaimedJob]:
+        claimed = claim(job_ids, worker=worker, lease_s=lease_s)
+        # The cancel commits right after the claim, and the worker hears of it before
+        # the claim has returned (so before the job has a ticket here).
+        store.cancel("raced")
+        runtimes[0].cancel(["raced"])
+        return claimed
+
+    store.claim_jobs = claim_then_hear_a_cancel  # type: ignore[method-assign]
+    runtimes.append(make_runtime(store=store, engine=engine))
+
+    assert Task(runtimes[0], ["raced", "other"]).result() is None
+    assert "raced" not in engine.requests
+    assert store.status("raced") is JobStatus.CANCELLED
+    assert store.status("other") is JobStatus.SUCCEEDED
+    assert runtimes[0].held == 0
+
+
+def test_a_drain_gives_back_jobs_not_yet_in_the_engine_and_lets_running_ones_finish(
+    make_runtime: MakeRuntime,
+) -> None:
+    store = MemoryJobStore()
+    store.add("running")
+    store.add("pending")
+    engine = HeldEngine()
+    runtime = make_runtime(store=store, engine=engine, max_num_seqs=1)
+    task = Task(runtime, ["running", "pending"])
+    assert wait_until(lambda: engine.admitted == ["running"] and len(runtime.admission) == 1)
+
+    drain = threading.Thread(target=runtime.drain, args=(WAIT_S,), daemon=True)
+    drain.start()
+    # At once, before the job in the engine finishes.
+    assert store.wait_for(lambda: store.jobs["pending"].status is JobStatus.QUEUED)
+    engine.go.set()
+    drain.join(WAIT_S)
+    assert not drain.is_alive()
+
+    assert isinstance(task.result(), JobsReturned)
+    # A job that left the engine but is not yet written may have been given back as well;
+    # its result is written all the same.
+    assert store.wait_for(lambda: store.jobs["running"].status is JobStatus.SUCCEEDED)
+    assert store.jobs["pending"].worker is None
+    assert engine.admitted == ["running"]
+    with pytest.raises(JobsReturned):
+        runtime.run(["late"], interactive=False)
+
+
+def test_a_drain_that_times_out_aborts_what_is_left_and_gives_it_back(
+    make_runtime: MakeRuntime,
+) -> None:
+    store = MemoryJobStore()
+    store.add("running")
+    store.add("waiting")
+    engine = HeldEngine()
+    runtime = make_runtime(store=store, engine=engine, max_held_jobs=1)
+    running = Task(runtime, ["running"])
+    assert wait_until(lambda: engine.admitted == ["running"])
+    # Its task waits at the gate (or has not reached it yet: the drain turns it away
+    # either way).
+    waiting = Task(runtime, ["waiting"])
+    # The first give-back fails: the runtime tries again.
+    store.fail("release_jobs")
+
+    runtime.drain(timeout_s=0)
+
+    assert isinstance(running.result(), JobsReturned)
+    assert isinstance(waiting.result(), JobsReturned)
+    assert wait_until(lambda: engine.aborted == ["running"])
+    assert store.status("running") is JobStatus.QUEUED
+    assert store.jobs["waiting"].claims == 0
+    assert store.status("waiting") is JobStatus.QUEUED
+
+
+def test_leases_of_held_jobs_are_renewed_and_waiting_messages_marked_alive(
+    make_runtime: MakeRuntime,
+) -> None:
+    store = MemoryJobStore()
+    store.add("held")
+    store.add("waiting")
+    engine = HeldEngine()
+    runtime = make_runtime(store=store, engine=engine, max_held_jobs=1, lease_s=1)
+    held = Task(runtime, ["held"])
+    assert wait_until(lambda: engine.admitted == ["held"])
+    claimed_until = store.jobs["held"].lease_ends
+    waiting = Task(runtime, ["waiting"])
+
+    assert store.wait_for(lambda: store.jobs["held"].lease_ends > claimed_until)
+    assert store.wait_for(lambda: "waiting" in store.touched)
+    assert "held" not in store.touched
+    assert store.status("waiting") is JobStatus.QUEUED
+    engine.go.set()
+
+    assert held.result() is None
+    assert waiting.result() is None
+    assert store.status("waiting") is JobStatus.SUCCEEDED
+
+
+def test_a_job_another_worker_took_over_is_dropped_when_its_lease_is_renewed(
+    make_runtime: MakeRuntime,
+) -> None:
+    store = MemoryJobStore()
+    store.add("a")
+    engine = HeldEngine()
+    runtime = make_runtime(store=store, engine=engine, lease_s=1)
+    task = Task(runtime, ["a"])
+    assert wait_until(lambda: engine.admitted == ["a"])
+
+    store.take_over("a", worker="gpu-2@test")
+
+    assert wait_until(lambda: engine.aborted == ["a"])
+    assert task.result() is None
+    assert store.jobs["a"].worker == "gpu-2@test"
+    assert store.jobs["a"].outcome is None
+
+
+def test_a_claim_rides_out_a_store_outage(make_runtime: MakeRuntime) -> None:
+    store = MemoryJobStore()
+    store.add("a")
+    store.fail("claim_jobs", times=2)
+    runtime = make_runtime(store=store, engine=StepEngine())
+
+    assert Task(runtime, ["a"]).result() is None
+    assert store.status("a") is JobStatus.SUCCEEDED
+
+
+def test_an_offered_single_job_is_taken_while_batch_chunks_wait_for_room(
+    make_runtime: MakeRuntime,
+) -> None:
+    store = MemoryJobStore()
+    for job_id in ("line-1", "line-2", "single"):
+        store.add(job_id)
+    engine = HeldEngine()
+    runtime = make_runtime(
+        store=store,
+        engine=engine,
+        max_num_seqs=1,
+        interactive_seqs=1,
+        max_held_jobs=1,
+        interactive_held_jobs=1,
+    )
+    chunks = [Task(runtime, ["line-1"]), Task(runtime, ["line-2"])]
+    assert wait_until(lambda: engine.admitted == ["line-1"])
+
+    # Offered again until the second chunk is seen waiting at the gate; a repeated offer
+    # is harmless.
+    def offered() -> bool:
+        runtime.offer(["single"])
+        return store.wait_for(lambda: store.jobs["single"].claims > 0, timeout_s=0.05)
+
+    assert wait_until(offered)
+    assert wait_until(lambda: engine.admitted == ["line-1", "single"])
+    assert engine.requests["single"].priority == engine_priority(0, interactive=True)
+    # Its own message comes later and finds it taken.
+    message = Task(runtime, ["single"], interactive=True)
+    engine.go.set()
+
+    assert message.result() is None
+    assert [chunk.result() for chunk in chunks] == [None, None]
+    assert store.jobs["single"].claims == 1
+    assert engine.admitted.count("single") == 1
+    assert store.status("single") is JobStatus.SUCCEEDED
+
+
+def test_a_batch_is_checked_for_its_end_once_none_of_its_lines_is_held(
+    make_runtime: MakeRuntime,
+) -> None:
+    store = MemoryJobStore()
+    store.add("line-1", batch_id="batch", max_tokens=1)
+    store.add("line-2", batch_id="batch", max_tokens=3)
+    store.add("single")
+    checked: list[set[str]] = []
+    runtime = make_runtime(store=store, engine=StepEngine(), on_batch_lines_done=checked.append)
+
+    assert Task(runtime, ["line-1", "line-2", "single"]).result() is None
+
+    # Asked after the tasks are woken, on the writer's thread.
+    assert wait_until(lambda: checked == [{"batch"}])

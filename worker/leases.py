@@ -1,0 +1,74 @@
+"""The lease keeper: a thread that tells Postgres, every third of a lease, that this
+worker is alive and still has its jobs.
+
+A held job's lease is renewed, so maintenance does not hand it to another worker. A job
+whose task waits at the capacity gate is still queued, but its message is here: it is
+marked as published just now, so maintenance does not think the message lost and publish
+it again. A job whose lease cannot be renewed was cancelled, finished elsewhere or taken
+over; the keeper reports it lost and the runtime stops work on it (this also catches a
+cancellation whose pub/sub message went missing).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+
+from inferq.exceptions import StoreUnavailable
+from worker.store import WorkerStore
+
+log = logging.getLogger(__name__)
+
+
+class LeaseKeeper:
+    """Renews this worker's leases in its own thread."""
+
+    def __init__(
+        self,
+        *,
+        store: WorkerStore,
+        worker_name: str,
+        lease_s: int,
+        held: Callable[[], list[str]],
+        waiting: Callable[[], list[str]],
+        on_lost: Callable[[Sequence[str]], None],
+    ) -> None:
+        """`held` lists the jobs this worker holds, `waiting` those whose tasks wait to
+        claim them; `on_lost` hears of held jobs that are no longer this worker's."""
+        self._store = store
+        self._worker_name = worker_name
+        self._lease_s = lease_s
+        self._held = held
+        self._waiting = waiting
+        self._on_lost = on_lost
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="leases", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5) -> None:
+        self._stopping.set()
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        interval = self._lease_s / 3
+        while not self._stopping.wait(interval):
+            self._renew()
+
+    def _renew(self) -> None:
+        held = self._held()
+        waiting = self._waiting()
+        try:
+            self._store.touch_published(waiting)
+        except StoreUnavailable as exc:
+            log.warning("cannot mark %d waiting jobs (%s)", len(waiting), exc)
+        try:
+            lost = self._store.renew_leases(held, worker=self._worker_name, lease_s=self._lease_s)
+        except StoreUnavailable as exc:
+            log.warning("cannot renew %d leases (%s)", len(held), exc)
+            return
+        if lost:
+            log.info("%d jobs were cancelled or taken over; dropping them", len(lost))
+            self._on_lost(sorted(lost))

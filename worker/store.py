@@ -1,0 +1,34 @@
+"""What the GPU worker asks of the job store.
+
+`inferq.db.jobs.JobStore` is the store; the runtime, the lease keeper and the result
+writer depend only on these calls, so unit tests can run them on an in-memory store.
+Every call may raise `StoreUnavailable` while the database cannot be reached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from inferq.jobs import ClaimedJob, JobOutcome
+
+
+class WorkerStore(Protocol):
+    """The job store's calls that a GPU worker makes."""
+
+    def claim_jobs(self, job_ids: Sequence[str], *, worker: str, lease_s: int) -> list[ClaimedJob]:
+        """Take queued jobs, and running ones whose lease ran out, for `worker`."""
+
+    def renew_leases(self, job_ids: Sequence[str], *, worker: str, lease_s: int) -> set[str]:
+        """Extend `worker`'s leases; return the ids it no longer holds."""
+
+    def touch_published(self, job_ids: Sequence[str]) -> None:
+        """Note that these queued jobs' messages are held by a live worker right now."""
+
+    def release_jobs(
+        self, job_ids: Sequence[str], *, worker: str, requeue_after_s: int
+    ) -> list[str]:
+        """Give `worker`'s unfinished jobs back (status queued); return the ids given back."""
+
+    def finish_jobs(self, outcomes: Sequence[JobOutcome]) -> list[str]:
+        """Write outcomes of jobs still queued or running; return the ids written."""

@@ -80,7 +80,12 @@ class SamplingBase(OutputFields):
     )
     temperature: float = Field(1.0, ge=0, le=2, description="0 is greedy.")
     top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=-1, description="0 or -1 considers every token.")
+    top_k: int = Field(
+        0,
+        ge=-1,
+        le=2**31 - 1,
+        description="0 or -1 considers every token (as does any number above the vocabulary).",
+    )
     min_p: float = Field(0.0, ge=0, le=1)
     stop: str | list[Annotated[str, Field(min_length=1)]] | None = Field(
         None, description=f"Up to {MAX_STOP_SEQUENCES} strings that end generation."

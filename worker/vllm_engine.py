@@ -146,7 +146,11 @@ class VllmEngine:
             )
         except EngineDeadError as exc:
             raise EngineError(str(exc)) from exc
-        except (ValueError, TypeError, VLLMClientError) as exc:  # vLLM refusing one request
+        except (ValueError, TypeError, OverflowError, VLLMClientError) as exc:
+            # vLLM refusing one request (OverflowError: a number it cannot send to its core,
+            # after its front end took the request: forget it there).
+            with contextlib.suppress(Exception):
+                self._engine.abort_request([request.job_id])
             raise RequestRejected(f"the engine refused the request: {exc}") from exc
         top_k = request.sampling.logprobs
         if request.sampling.tool_choice is not None:

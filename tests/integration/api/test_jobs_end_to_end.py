@@ -234,6 +234,7 @@ BAD_REQUESTS = [
     ({"prompt": "hi", "messages": [{"role": "user", "content": "x"}]}, "prompt", "exactly one"),
     ({"max_tokens": 4}, "prompt", "exactly one"),
     ({"prompt": "hi", "n": 0}, "n", "greater than or equal to 1"),
+    ({"prompt": "hi", "top_k": 2**64 + 1}, "top_k", "less than or equal to 2147483647"),
     ({"prompt": "hi", "stop": ["a"] * 17}, "stop", "at most 16"),
     ({"prompt": "hi", "webhook_events": None}, "webhook_events", "leave the field out"),
     ({"prompt": "hi", "webhook_events": ["job.done"]}, "webhook_events.0", "Input should be"),

@@ -9,7 +9,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from api.schemas import BatchEvent, ListPage, not_null
 from inferq.batches import ENDPOINTS, StoredFile
-from inferq.public import BatchPublic
+from inferq.public import BatchPublic, ExpiresAfter
 from inferq.validation import Metadata, Priority
 
 
@@ -32,6 +32,7 @@ class FilePublic(BaseModel):
             created_at=int(file.created_at.timestamp()),
             filename=file.filename,
             purpose=file.purpose.value,
+            expires_at=None if file.expires_at is None else int(file.expires_at.timestamp()),
         )
 
 
@@ -60,6 +61,11 @@ class BatchCreate(BaseModel):
         "('90m', '30s') up to 168h.",
     )
     metadata: Metadata | None = None
+    output_expires_after: ExpiresAfter | SkipJsonSchema[None] = Field(
+        None,
+        description="How long its lines, results and output files are kept once it ends; "
+        "INFERQ_JOB_RETENTION_S by default.",
+    )
     priority: Priority = 0
     webhook_url: str | SkipJsonSchema[None] = Field(
         None,
@@ -70,7 +76,7 @@ class BatchCreate(BaseModel):
         None, min_length=1, description="Which events to send; all four by default."
     )
 
-    @field_validator("webhook_url", "webhook_events", mode="before")
+    @field_validator("webhook_url", "webhook_events", "output_expires_after", mode="before")
     @classmethod
     def _not_null(cls, value: object) -> object:
         return not_null(value)
@@ -78,3 +84,10 @@ class BatchCreate(BaseModel):
 
 class BatchList(ListPage[BatchPublic]):
     pass
+
+
+def expiry_s(requested: ExpiresAfter | None, default_s: int) -> int | None:
+    """How long an object is kept: as asked, else the deployment's retention (0: kept)."""
+    if requested is not None:
+        return requested.seconds
+    return default_s or None

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import IO, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -19,12 +21,14 @@ from rich.progress import (
 )
 
 from inferq.client import Client
+from inferq.constants import BATCH_ENDED_HEADER, NEXT_CURSOR_HEADER
 from inferq.prompt_files import Defaults, prepare
 from inferq.settings import Settings
 
 batch_app = typer.Typer(no_args_is_help=True, help="Submit and follow batch files.")
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 console = Console(stderr=True)
+# Headers of `GET /v1/batches/{id}/output` (see api/routes/batches.py).
 
 UrlOption = Annotated[str | None, typer.Option(help="API base URL [env INFERQ_API_URL].")]
 KeyOption = Annotated[
@@ -144,12 +148,22 @@ def list_batches(
 def download(
     batch_id: Annotated[str, typer.Argument()],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write results.")],
+    partial: Annotated[
+        bool,
+        typer.Option(
+            help="Do not wait for the batch to end: append the lines ended since the last "
+            "--partial run (which OUTPUT.cursor remembers)."
+        ),
+    ] = False,
     url: UrlOption = None,
     api_key: KeyOption = None,
 ) -> None:
     """Write a batch's results (and, beside them, its errors) to files."""
     with _client(url, api_key) as client:
-        _finish(client, client.get(f"/v1/batches/{batch_id}"), output)
+        if partial:
+            _append_partial(client, batch_id, output)
+        else:
+            _finish(client, client.get(f"/v1/batches/{batch_id}"), output)
 
 
 def progress_bar() -> Progress:
@@ -209,6 +223,44 @@ def _finish(client: Client, batch: dict[str, Any], output: Path | None) -> None:
             for chunk in client.download(file_id):
                 out.write(chunk)
         typer.echo(f"wrote {target}", err=True)
+
+
+def _append_partial(client: Client, batch_id: str, output: Path) -> None:
+    """Append the batch's lines ended since the cursor kept beside `output`, as `_finish`
+    writes them (successes to `output`, the others beside it), and move the cursor on."""
+    cursor_file = output.with_name(f"{output.name}.cursor")
+    after = int(cursor_file.read_text()) if cursor_file.exists() else 0
+    errors = output.with_suffix(".errors.jsonl")
+    added = {False: 0, True: 0}  # by whether the line is an error
+    # Gathered before anything is appended, so a broken download appends nothing twice.
+    with tempfile.TemporaryFile() as succeeded, tempfile.TemporaryFile() as failed:
+        with client.stream(
+            f"/v1/batches/{batch_id}/output", after=after, include="errors"
+        ) as response:
+            cursor = int(response.headers[NEXT_CURSOR_HEADER])
+            ended = response.headers[BATCH_ENDED_HEADER] == "true"
+            for line in response.iter_lines():
+                if line:
+                    error = json.loads(line)["error"] is not None
+                    (failed if error else succeeded).write(line.encode() + b"\n")
+                    added[error] += 1
+        _append(succeeded, output)
+        _append(failed, errors)
+    cursor_file.write_text(f"{cursor}\n")
+    typer.echo(
+        f"added {added[False]} results to {output} and {added[True]} errors to {errors}; batch "
+        f"{batch_id} {'has ended' if ended else 'is still running'} (line {cursor} reached)",
+        err=True,
+    )
+
+
+def _append(lines: IO[bytes], target: Path) -> None:
+    """Append the gathered `lines` to `target`, made only if there are some."""
+    if not lines.tell():
+        return
+    lines.seek(0)
+    with target.open("ab") as out:
+        shutil.copyfileobj(lines, out)
 
 
 def _print_errors(batch: dict[str, Any]) -> None:

@@ -6,11 +6,19 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 from inferq.batch_lines import BatchLineReader
 from inferq.batch_output import render
-from inferq.batches import Batch, FilePurpose, LineError, StoredFile, parse_completion_window
+from inferq.batches import (
+    Batch,
+    FilePurpose,
+    LineError,
+    ResultRow,
+    StoredFile,
+    parse_completion_window,
+)
 from inferq.celery_app import JobPublisher
 from inferq.db.batch_rows import NewBatch
 from inferq.db.batches import BatchStore, Respond
@@ -19,6 +27,7 @@ from inferq.db.idempotency import IdempotentRequest
 from inferq.db.store import Page
 from inferq.events import JobEvents
 from inferq.exceptions import BrokerUnavailable, InvalidRequest, NotFound
+from inferq.jobs import JobStatus
 from inferq.public import batch_json
 from inferq.validation import JobValidator
 from inferq.webhooks import WebhookRequest
@@ -26,6 +35,16 @@ from inferq.webhooks import WebhookRequest
 log = logging.getLogger(__name__)
 
 MAX_LISTED_ERRORS = 100
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartialOutput:
+    """Rendered `lines` of a batch that have ended since a cursor; every line up to
+    `cursor` has ended and is covered (ask again after it); `ended`: so has every line."""
+
+    cursor: int
+    ended: bool
+    lines: Iterator[bytes]
 
 
 class BatchOperations:
@@ -65,10 +84,12 @@ class BatchOperations:
         webhook: WebhookRequest | None = None,
         priority: int = 0,
         idempotency: IdempotentRequest | None = None,
+        output_expires_after_s: int | None = None,
     ) -> Batch:
         """Check every line of the file and queue a job per line, or fail the batch with
         the refused lines listed. Nothing is half-written either way; the response to a
-        request with an idempotency key is remembered with what it wrote."""
+        request with an idempotency key is remembered with what it wrote. Once it ends,
+        its lines, results and files are kept `output_expires_after_s` (None: kept)."""
         assert self._validator is not None, "creating batches needs the tokenizer"
         window = parse_completion_window(completion_window)
         try:
@@ -91,6 +112,7 @@ class BatchOperations:
             webhook=webhook,
             priority=priority,
             idempotency=idempotency,
+            output_expires_after_s=output_expires_after_s,
         )
         if source.lines > self._max_lines:
             error = LineError(
@@ -169,6 +191,26 @@ class BatchOperations:
         batch = self.batches.get(file.batch_id)
         return self._rendered(batch, errors=file.id == batch.error_file_id)
 
+    def partial_output(self, batch: Batch, *, after: int, include_errors: bool) -> PartialOutput:
+        """The lines numbered after `after` that have ended, up to the first still queued
+        or running, rendered as in the batch's output file (and, with `include_errors`,
+        its error file, interleaved in input order). Lines never come back to queued once
+        ended, so going on from the cursor neither misses nor repeats one."""
+        first_active = self.batches.first_active_line(batch.id)
+        if first_active is None:
+            cursor = max(after, self.batches.last_line(batch.id) or 0)
+        else:
+            cursor = max(after, first_active - 1)
+        rows = self.batches.results(
+            batch.id, errors=None if include_errors else False, after=after, before=first_active
+        )
+        model = batch.model or self._model_name
+        return PartialOutput(
+            cursor=cursor,
+            ended=first_active is None,
+            lines=_interleaved(rows, endpoint=batch.endpoint, model=model),
+        )
+
     def _rendered(self, batch: Batch, *, errors: bool) -> Iterator[bytes]:
         """The batch's output file (or, with `errors`, its error file), made from its
         results."""
@@ -199,6 +241,12 @@ class BatchOperations:
             except BrokerUnavailable:
                 pass  # maintenance's sweep finalizes it
         self.finalize(batch_id)
+
+
+def _interleaved(rows: Iterable[ResultRow], *, endpoint: str, model: str) -> Iterator[bytes]:
+    """Succeeded lines as in an output file, the others as in an error file."""
+    for failed, run in itertools.groupby(rows, key=lambda row: row.status != JobStatus.SUCCEEDED):
+        yield from render(run, errors=failed, endpoint=endpoint, model=model)
 
 
 def _measure(chunks: Iterator[bytes]) -> FileSize:

@@ -68,6 +68,7 @@ class StoredFile:
     lines: int
     created_at: datetime
     batch_id: str | None = None
+    expires_at: datetime | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,6 +122,9 @@ class Batch:
     priority: int = 0
     counts: RequestCounts = field(default_factory=RequestCounts)
     usage: BatchUsage = field(default_factory=BatchUsage)
+    # How long its output is kept after it ends (None: kept), and until when, once ended.
+    output_expires_after_s: int | None = None
+    output_expires_at: datetime | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

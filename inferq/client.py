@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +55,19 @@ class Client:
             )
 
     def download(self, file_id: str) -> Iterator[bytes]:
+        with self.stream(f"/v1/files/{file_id}/content") as response:
+            yield from response.iter_bytes()
+
+    @contextmanager
+    def stream(self, path: str, **params: Any) -> Iterator[httpx.Response]:
+        """A GET whose body is read as it comes (headers first); refusals and lost
+        connections raise `ApiError`."""
         try:
-            with self._http.stream("GET", f"/v1/files/{file_id}/content") as response:
+            with self._http.stream("GET", path, params=params) as response:
                 if response.is_error:
                     response.read()
                     raise _error(response)
-                yield from response.iter_bytes()
+                yield response
         except httpx.HTTPError as exc:
             raise ApiError(f"cannot reach the inferq API at {self.base_url}: {exc}") from exc
 

@@ -32,6 +32,9 @@ API_CHANNEL: Final = "api"
 EPOCH_KEY: Final = "epoch"
 MAINTENANCE_LOCK_KEY: Final = "maintenance:lock"
 MAINTENANCE_LAST_RUN_KEY: Final = "maintenance:last-run"
+# Reports of retention's latest passes (JSON, newest first), and how many are kept.
+RETENTION_PASSES_KEY: Final = "retention:passes"
+RETENTION_PASSES_KEPT: Final = 1000
 
 # HTTP headers.
 IDEMPOTENCY_KEY_HEADER: Final = "Idempotency-Key"
@@ -41,3 +44,7 @@ JOB_ID_HEADER: Final = "Inferq-Job-Id"
 
 # Id prefixes, so an id says what it names.
 JOB_ID_PREFIX: Final = "job_"
+
+# Headers of `GET /v1/batches/{id}/output`: where to go on from, and whether every line ended.
+NEXT_CURSOR_HEADER: Final = "Inferq-Next-Cursor"
+BATCH_ENDED_HEADER: Final = "Inferq-Batch-Ended"

@@ -145,6 +145,25 @@ class BatchUsagePublic(BaseModel):
     output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
 
 
+# The longest `expires_after` a file or a batch's output may ask for: ten years.
+MAX_EXPIRES_AFTER_S = 10 * 365 * 86400
+
+
+class ExpiresAfter(BaseModel):
+    """OpenAI's expiry policy: `seconds` after the object's creation."""
+
+    anchor: Literal["created_at"] = Field(
+        description="What `seconds` counts from: the file's creation (for a batch's output, "
+        "the output file's)."
+    )
+    seconds: int = Field(
+        ge=1,
+        le=MAX_EXPIRES_AFTER_S,
+        description="How long it is kept (OpenAI takes 3600 to 2592000; inferq any "
+        "positive number up to ten years).",
+    )
+
+
 class BatchPublic(BaseModel):
     """A batch, as OpenAI's Batch API returns it."""
 
@@ -170,6 +189,11 @@ class BatchPublic(BaseModel):
     request_counts: RequestCountsPublic
     usage: BatchUsagePublic
     metadata: dict[str, str] | None
+    output_expires_after: ExpiresAfter | None = Field(
+        None,
+        description="How long its lines, results and files are kept once it ends (null: "
+        "kept until deleted).",
+    )
     priority: int = Field(0, description="inferq's addition: its lines' priority.")
 
     @classmethod
@@ -207,6 +231,9 @@ class BatchPublic(BaseModel):
                 total_tokens=batch.usage.input_tokens + batch.usage.output_tokens,
             ),
             metadata=batch.metadata or None,
+            output_expires_after=None
+            if batch.output_expires_after_s is None
+            else ExpiresAfter(anchor="created_at", seconds=batch.output_expires_after_s),
         )
 
 

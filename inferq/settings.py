@@ -153,6 +153,19 @@ class Settings(BaseSettings):
     idempotency_ttl_s: int = Field(
         86400, ge=60, description="How long an Idempotency-Key is remembered."
     )
+    job_retention_s: int = Field(
+        30 * 86400,
+        ge=0,
+        description="How long a job is kept after it ends; also the default expiry of "
+        "uploaded files and of a batch's lines, results and files once it ends (a request's "
+        "`expires_after` / `output_expires_after` overrides it). 0 keeps them.",
+    )
+    webhook_retention_s: int = Field(
+        7 * 86400,
+        ge=0,
+        description="How long a webhook delivery and its attempts are kept after it ends "
+        "(0 keeps them).",
+    )
     result_flush_ms: int = Field(
         20,
         ge=0,

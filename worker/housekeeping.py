@@ -27,12 +27,14 @@ from inferq.db.engine import make_engine, make_sessions
 from inferq.db.files import FileStore
 from inferq.db.jobs import JobStore
 from inferq.db.migrate import check_schema
+from inferq.db.retention import RetentionStore
 from inferq.db.webhooks import WebhookStore
 from inferq.events import JobEvents
 from inferq.public import batch_json, job_json
 from inferq.settings import Settings
 from inferq.webhooks import Delivery, parse_networks
 from worker.maintenance import Maintenance
+from worker.retention import Retention
 from worker.webhook_sender import WebhookSender
 
 log = logging.getLogger(__name__)
@@ -109,6 +111,11 @@ def run_housekeeper(settings: Settings, *, name: str | None = None) -> None:
         stranded_after_s=settings.lease_s,
         batches=batches,
         webhooks_due=webhooks.due,
+        retention=Retention(
+            RetentionStore(sessions),
+            job_retention_s=settings.job_retention_s,
+            webhook_retention_s=settings.webhook_retention_s,
+        ),
     )
     register_housekeeping_tasks(app, maintenance, batches, sender)
     app.worker_main(

@@ -13,6 +13,9 @@
 
 A duplicate message is harmless: a worker claims a job only while it is queued (or its
 lease ran out), so the second message finds nothing to do.
+
+Last, retention deletes what has outlived its keep (worker/retention.py); each pass's
+report goes to Redis (`retention:passes`, newest first) for operators and benches.
 """
 
 from __future__ import annotations
@@ -36,9 +39,12 @@ from inferq.constants import (
     GPU_QUEUES,
     MAINTENANCE_LAST_RUN_KEY,
     MAINTENANCE_LOCK_KEY,
+    RETENTION_PASSES_KEPT,
+    RETENTION_PASSES_KEY,
 )
 from inferq.db.jobs import DueJob, JobStore
 from inferq.db.store import utcnow
+from worker.retention import Retention
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +73,7 @@ class Maintenance:
         stranded_after_s: int,
         batches: BatchOperations | None = None,
         webhooks_due: Callable[[], bool] | None = None,
+        retention: Retention | None = None,
         lock_s: int = 300,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
@@ -83,6 +90,8 @@ class Maintenance:
         self._clock = clock
         self._batches = batches
         self._webhooks_due = webhooks_due
+        self._retention = retention
+        self._retention_key = key_prefix + RETENTION_PASSES_KEY
 
     def run_once(self) -> MaintenanceReport:
         token = uuid.uuid4().hex
@@ -130,7 +139,18 @@ class Maintenance:
             self._publisher.publish_webhooks()
         if due and not redis_lost:
             log.warning("published %d jobs again (lapsed leases or lost messages)", len(due))
+        self._keep_retention()
         return MaintenanceReport(redis_lost=redis_lost, republished=len(due))
+
+    def _keep_retention(self) -> None:
+        if self._retention is None:
+            return
+        report = self._retention.run_once()
+        entry = json.dumps({"at": self._clock().isoformat(), **report.as_dict()})
+        pipe = self._redis.pipeline()
+        pipe.lpush(self._retention_key, entry)
+        pipe.ltrim(self._retention_key, 0, RETENTION_PASSES_KEPT - 1)
+        pipe.execute()
 
     def _tend_batches(self) -> None:
         """Expire batches past their window; finalize any whose last line ended unseen."""

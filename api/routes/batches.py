@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import functools
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.batch_schemas import BatchCreate, BatchList
+from api.batch_schemas import BatchCreate, BatchList, expiry_s
 from api.deps import PrincipalDep, ServicesDep
 from api.errors import error_responses
 from api.idempotency import IdempotencyKey, idempotent
 from api.submission import checked_webhook
+from inferq.constants import BATCH_ENDED_HEADER, NEXT_CURSOR_HEADER
 from inferq.db.idempotency import IdempotentRequest
 from inferq.public import BatchPublic
 
@@ -43,6 +44,9 @@ async def create_batch(
                 webhook=webhook,
                 priority=body.priority,
                 idempotency=request,
+                output_expires_after_s=expiry_s(
+                    body.output_expires_after, services.settings.job_retention_s
+                ),
             )
         )
         return BatchPublic.from_batch(batch)
@@ -74,3 +78,59 @@ def list_batches(
 def cancel_batch(batch_id: str, services: ServicesDep, principal: PrincipalDep) -> BatchPublic:
     """Cancel a batch: finished lines are kept, the others never run."""
     return BatchPublic.from_batch(services.batch_ops.cancel(batch_id, scope=principal.scope))
+
+
+@router.get(
+    "/{batch_id}/output",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {"application/octet-stream": {}},
+            "description": "JSON lines as in the batch's output file (and, with "
+            "`include=errors`, its error file), in input order.",
+            "headers": {
+                NEXT_CURSOR_HEADER: {
+                    "description": "The `after` to ask with next: every line up to it has "
+                    "ended and is in this response or an earlier one.",
+                    "schema": {"type": "integer"},
+                },
+                BATCH_ENDED_HEADER: {
+                    "description": "`true` once every line has ended: stop asking.",
+                    "schema": {"type": "string", "enum": ["true", "false"]},
+                },
+            },
+        },
+        **error_responses(404, 422),
+    },
+)
+def batch_output(
+    batch_id: str,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    include: Annotated[
+        Literal["errors"] | None,
+        Query(description="`errors`: failed and cancelled lines too, in input order."),
+    ] = None,
+    after: Annotated[
+        int,
+        Query(
+            ge=0,
+            description="Only lines numbered after this (they count from 1): the "
+            "`Inferq-Next-Cursor` of the previous response.",
+        ),
+    ] = 0,
+) -> StreamingResponse:
+    """The lines of a batch that have ended so far, streamed while it runs: those after
+    `after`, up to the first line still queued or running."""
+    batch = services.batch_ops.get(batch_id, scope=principal.scope)
+    partial = services.batch_ops.partial_output(
+        batch, after=after, include_errors=include == "errors"
+    )
+    return StreamingResponse(
+        partial.lines,
+        media_type="application/octet-stream",
+        headers={
+            NEXT_CURSOR_HEADER: str(partial.cursor),
+            BATCH_ENDED_HEADER: "true" if partial.ended else "false",
+        },
+    )

@@ -6,13 +6,15 @@ from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
 
-from api.batch_schemas import FileDeleted, FileList, FilePublic
+from api.batch_schemas import FileDeleted, FileList, FilePublic, expiry_s
 from api.deps import PrincipalDep, ServicesDep
 from api.errors import error_responses
 from inferq.batches import FilePurpose
 from inferq.db.files import CHUNK_BYTES
 from inferq.exceptions import InvalidRequest
+from inferq.public import MAX_EXPIRES_AFTER_S, ExpiresAfter
 
 router = APIRouter(prefix="/v1/files", tags=["files"], responses=error_responses(401, 429, 503))
 
@@ -23,6 +25,17 @@ def upload_file(
     principal: PrincipalDep,
     file: Annotated[UploadFile, File(description="JSONL in OpenAI's Batch input format.")],
     purpose: Annotated[str, Form(description="Must be 'batch'.")],
+    anchor: Annotated[
+        str | None,
+        Form(alias="expires_after[anchor]", description="'created_at' (OpenAI's expires_after)."),
+    ] = None,
+    seconds: Annotated[
+        str | None,
+        Form(
+            alias="expires_after[seconds]",
+            description="How long the file is kept; INFERQ_JOB_RETENTION_S by default.",
+        ),
+    ] = None,
 ) -> FilePublic:
     """Upload a batch input file (UTF-8 JSONL)."""
     if purpose != FilePurpose.BATCH.value:
@@ -33,8 +46,27 @@ def upload_file(
         filename=file.filename or "upload.jsonl",
         chunks=iter(lambda: file.file.read(CHUNK_BYTES), b""),
         max_bytes=services.settings.max_file_bytes,
+        expires_after_s=expiry_s(
+            _expires_after(anchor, seconds), services.settings.job_retention_s
+        ),
     )
     return FilePublic.from_file(stored)
+
+
+def _expires_after(anchor: str | None, seconds: str | None) -> ExpiresAfter | None:
+    """OpenAI's `expires_after`, as its clients send it in a form (`expires_after[...]`)."""
+    if anchor is None and seconds is None:
+        return None
+    try:
+        return ExpiresAfter.model_validate({"anchor": anchor, "seconds": seconds})
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        field = problem["loc"][0] if problem["loc"] else "seconds"
+        raise InvalidRequest(
+            f"expires_after[{field}]: {problem['msg']} (anchor 'created_at', seconds from 1 to "
+            f"{MAX_EXPIRES_AFTER_S})",
+            param=f"expires_after[{field}]",
+        ) from exc
 
 
 @router.get("", response_model=FileList, responses=error_responses(422))

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from inferq.batches import Batch, BatchStatus, LineError, ResultRow
+from inferq.batches import Batch, BatchStatus, BatchUsage, LineError, RequestCounts, ResultRow
 from inferq.db.idempotency import IdempotentRequest
 from inferq.db.models import BatchRow, JobRow
 from inferq.db.store import as_utc
@@ -29,6 +29,8 @@ class NewBatch:
     priority: int = 0
     # The idempotency key it was created under, whose response is remembered with it.
     idempotency: IdempotentRequest | None = None
+    # How long its lines, results and files are kept once it ends (None: kept).
+    output_expires_after_s: int | None = None
 
 
 def new_batch_row(
@@ -55,11 +57,19 @@ def new_batch_row(
         "created_at": now,
         "expires_at": now + new.window,
         "priority": new.priority,
+        "output_expires_after_s": new.output_expires_after_s,
     }
 
 
+def output_expiry(row: BatchRow, now: datetime) -> datetime | None:
+    """When a batch that ends now has its lines, results and files deleted."""
+    if row.output_expires_after_s is None:
+        return None
+    return now + timedelta(seconds=row.output_expires_after_s)
+
+
 def batch_from_row(row: BatchRow) -> Batch:
-    """The batch as its row says, without its request counts (see `BatchStore`)."""
+    """The batch as its row says (its counters are kept up to date as lines end)."""
     return Batch(
         id=row.id,
         tenant=row.tenant,
@@ -82,6 +92,12 @@ def batch_from_row(row: BatchRow) -> Batch:
         cancelled_at=as_utc(row.cancelled_at),
         model=row.model,
         priority=row.priority,
+        counts=RequestCounts(
+            total=row.request_total, completed=row.request_completed, failed=row.request_failed
+        ),
+        usage=BatchUsage(input_tokens=row.input_tokens, output_tokens=row.output_tokens),
+        output_expires_after_s=row.output_expires_after_s,
+        output_expires_at=as_utc(row.output_expires_at),
     )
 
 

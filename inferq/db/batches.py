@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import exists, func, insert, select, update
+from sqlalchemy import exists, func, insert, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from inferq.batch_lines import LineSpec
@@ -15,9 +14,7 @@ from inferq.batches import (
     BATCH_ID_PREFIX,
     Batch,
     BatchStatus,
-    BatchUsage,
     LineError,
-    RequestCounts,
     ResultRow,
 )
 from inferq.constants import BULK_QUEUE
@@ -26,6 +23,7 @@ from inferq.db.batch_rows import (
     NewBatch,
     batch_from_row,
     new_batch_row,
+    output_expiry,
     result_row,
 )
 from inferq.db.bulk import insert_rows
@@ -34,10 +32,10 @@ from inferq.db.idempotency import record_response
 from inferq.db.job_rows import BatchPlace, new_job_row
 from inferq.db.models import BatchRow, JobRow
 from inferq.db.outbox import enqueue_batch_event, ensure_endpoint, wake_delivery
-from inferq.db.store import Page, Store, newest_first, scoped_row, utcnow
-from inferq.exceptions import InvalidState
+from inferq.db.store import Page, Store, as_utc, newest_first, scoped_row, utcnow
+from inferq.exceptions import InvalidState, NotFound
 from inferq.ids import new_id
-from inferq.jobs import ACTIVE_STATUSES, JobStatus
+from inferq.jobs import ACTIVE_STATUSES, TERMINAL_STATUSES, JobStatus
 
 INSERT_EVERY = 1000
 PUBLISH_CHUNK = 4096
@@ -80,7 +78,7 @@ class BatchStore(Store):
         batch_id = new_id(BATCH_ID_PREFIX)
         now = self._clock()
         errors: list[LineError] = []
-        refused = 0
+        refused = written = 0
         try:
             with self._transaction() as session:
                 session.execute(insert(BatchRow).values(**_batch_row(session, new, batch_id, now)))
@@ -91,6 +89,7 @@ class BatchStore(Store):
                         errors += [item] if len(errors) < max_errors else []
                     elif not errors:  # after a refusal, lines are still checked, not written
                         rows.append(_line_row(item, batch_id, new, now, requeue_after_s))
+                        written += 1
                         rows = _flush(session, rows, at=INSERT_EVERY)
                 if errors:
                     raise _LinesRefused
@@ -98,6 +97,7 @@ class BatchStore(Store):
                 row = session.get(BatchRow, batch_id)
                 assert row is not None
                 row.status, row.in_progress_at = BatchStatus.IN_PROGRESS.value, self._clock()
+                row.request_total = written
                 batch = batch_from_row(row)
                 _remember(session, new, batch, respond)
                 return batch
@@ -135,6 +135,7 @@ class BatchStore(Store):
             session.execute(insert(BatchRow).values(**values))
             row = session.get(BatchRow, batch_id)
             assert row is not None
+            row.output_expires_at = output_expiry(row, now)
             batch = batch_from_row(row)
             queued = enqueue_batch_event(session, row, now)
             _remember(session, new, batch, respond)
@@ -143,11 +144,13 @@ class BatchStore(Store):
 
     def get(self, batch_id: str, *, scope: str | None = None) -> Batch:
         with self._transaction() as session:
-            row = scoped_row(session, BatchRow, batch_id, scope, noun="batch")
-            return _with_counts(session, batch_from_row(row))
+            return batch_from_row(_scoped(session, batch_id, scope, self._clock()))
 
     def page(self, *, scope: str | None, after: str | None = None, limit: int = 20) -> Page[Batch]:
-        query = select(BatchRow)
+        now = self._clock()
+        query = select(BatchRow).where(
+            or_(BatchRow.output_expires_at.is_(None), BatchRow.output_expires_at > now)
+        )
         if scope is not None:
             query = query.where(BatchRow.tenant == scope)
         with self._transaction() as session:
@@ -157,7 +160,7 @@ class BatchStore(Store):
                 BatchRow.id,
                 after=after,
                 limit=limit,
-                convert=lambda rows: [_with_counts(session, batch_from_row(r)) for r in rows],
+                convert=lambda rows: [batch_from_row(r) for r in rows],
             )
 
     def job_id_chunks(
@@ -187,7 +190,7 @@ class BatchStore(Store):
         Returns the batch and the ids of the lines a worker may hold, to abort them."""
         now = self._clock()
         with self._transaction() as session:
-            row = scoped_row(session, BatchRow, batch_id, scope, noun="batch", for_update=True)
+            row = _scoped(session, batch_id, scope, now, for_update=True)
             if row.status not in (BatchStatus.IN_PROGRESS.value, BatchStatus.VALIDATING.value):
                 raise InvalidState(
                     f"batch {batch_id} is {row.status}: only a batch in progress can be stopped"
@@ -207,12 +210,14 @@ class BatchStore(Store):
             # Lines ever claimed may be held by a worker: a claim that commits while this
             # update waits for its rows is seen here (a read before it would miss it). A
             # line given back since is told too; no worker holds it, so none minds.
-            running = [job_id for job_id, attempts in stopped if attempts > 0]
+            ended = stopped.all()
+            running = [job_id for job_id, attempts in ended if attempts > 0]
+            row.request_failed += len(ended)
             if code == "batch_expired":
                 row.expired_at = now
             else:
                 row.status, row.cancelling_at = BatchStatus.CANCELLING.value, now
-            return _with_counts(session, batch_from_row(row)), running
+            return batch_from_row(row), running
 
     def expired(self, *, limit: int = 100) -> list[str]:
         """Batches in progress whose completion window has run out."""
@@ -253,7 +258,7 @@ class BatchStore(Store):
             if row.status == BatchStatus.IN_PROGRESS.value:
                 row.status = BatchStatus.FINALIZING.value
             row.finalizing_at = row.finalizing_at or self._clock()
-            return _with_counts(session, batch_from_row(row))
+            return batch_from_row(row)
 
     def finish_finalizing(
         self, batch_id: str, *, output: FileSize, errors: FileSize
@@ -265,6 +270,7 @@ class BatchStore(Store):
             row = session.get(BatchRow, batch_id, with_for_update=True)
             if row is None or row.status not in _FINALIZABLE:
                 return None
+            row.output_expires_at = output_expiry(row, now)
             row.output_file_id = _result_file(session, row, "output", output, now)
             row.error_file_id = _result_file(session, row, "errors", errors, now)
             if row.status == BatchStatus.CANCELLING.value:
@@ -273,28 +279,63 @@ class BatchStore(Store):
                 row.status = BatchStatus.EXPIRED.value
             else:
                 row.status, row.completed_at = BatchStatus.COMPLETED.value, now
-            batch = _with_counts(session, batch_from_row(row))
+            batch = batch_from_row(row)
             queued = enqueue_batch_event(session, row, now)
         wake_delivery(self._on_webhooks, queued)
         return batch
 
-    def results(self, batch_id: str, *, errors: bool) -> Iterator[ResultRow]:
-        """A batch's succeeded lines (or, with `errors`, the others) in line order,
-        read through a server-side cursor a thousand rows at a time."""
-        wanted = (
-            [JobStatus.FAILED.value, JobStatus.CANCELLED.value]
-            if errors
-            else [JobStatus.SUCCEEDED.value]
-        )
+    def first_active_line(self, batch_id: str) -> int | None:
+        """The first line of the batch still queued or running; None once all have ended."""
+        with self._transaction() as session:
+            return session.scalar(
+                select(func.min(JobRow.line)).where(
+                    JobRow.batch_id == batch_id, JobRow.status.in_(_ACTIVE)
+                )
+            )
+
+    def last_line(self, batch_id: str) -> int | None:
+        """The number of the batch's last line; None if it has none (it was refused)."""
+        with self._transaction() as session:
+            return session.scalar(select(func.max(JobRow.line)).where(JobRow.batch_id == batch_id))
+
+    def results(
+        self,
+        batch_id: str,
+        *,
+        errors: bool | None,
+        after: int = 0,
+        before: int | None = None,
+    ) -> Iterator[ResultRow]:
+        """A batch's succeeded lines (with `errors`, the failed and cancelled ones; with
+        None, every line that has ended) numbered after `after` and before `before`, in
+        line order, read through a server-side cursor a thousand rows at a time."""
+        if errors is None:
+            wanted = [status.value for status in TERMINAL_STATUSES]
+        elif errors:
+            wanted = [JobStatus.FAILED.value, JobStatus.CANCELLED.value]
+        else:
+            wanted = [JobStatus.SUCCEEDED.value]
         query = (
             select(*RESULT_COLUMNS)
-            .where(JobRow.batch_id == batch_id, JobRow.status.in_(wanted))
+            .where(JobRow.batch_id == batch_id, JobRow.status.in_(wanted), JobRow.line > after)
             .order_by(JobRow.line)
             .execution_options(yield_per=INSERT_EVERY)
         )
+        if before is not None:
+            query = query.where(JobRow.line < before)
         with self._reading() as session:
             for row in session.execute(query):
                 yield result_row(row)
+
+
+def _scoped(
+    session: Session, batch_id: str, scope: str | None, now: datetime, *, for_update: bool = False
+) -> BatchRow:
+    """The batch, unless its output has expired (retention deletes it soon)."""
+    row = scoped_row(session, BatchRow, batch_id, scope, noun="batch", for_update=for_update)
+    if row.output_expires_at is not None and as_utc(row.output_expires_at) <= now:
+        raise NotFound(f"no batch with id {batch_id!r}")
+    return row
 
 
 class _LinesRefused(Exception):
@@ -348,29 +389,5 @@ def _result_file(
         filename=f"{row.id}_{kind}.jsonl",
         size=size,
         now=now,
-    )
-
-
-def _with_counts(session: Session, batch: Batch) -> Batch:
-    rows = session.execute(
-        select(
-            JobRow.status,
-            func.count(),
-            func.coalesce(func.sum(JobRow.prompt_tokens), 0),
-            func.coalesce(func.sum(JobRow.completion_tokens), 0),
-        )
-        .where(JobRow.batch_id == batch.id)
-        .group_by(JobRow.status)
-    ).all()
-    by_status = {status: (count, prompt, completion) for status, count, prompt, completion in rows}
-    done = by_status.get(JobStatus.SUCCEEDED.value, (0, 0, 0))
-    failed = sum(
-        by_status.get(s, (0, 0, 0))[0] for s in (JobStatus.FAILED.value, JobStatus.CANCELLED.value)
-    )
-    return replace(
-        batch,
-        counts=RequestCounts(
-            total=sum(v[0] for v in by_status.values()), completed=done[0], failed=failed
-        ),
-        usage=BatchUsage(input_tokens=int(done[1] or 0), output_tokens=int(done[2] or 0)),
+        expires_at=row.output_expires_at,
     )

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import codecs
 from collections.abc import Iterable, Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import NamedTuple
 
-from sqlalchemy import insert, select
+from sqlalchemy import ColumnElement, insert, or_, select
 from sqlalchemy.orm import Session
 
 from inferq.batches import FILE_ID_PREFIX, FilePurpose, StoredFile
@@ -36,10 +36,13 @@ class FileStore(Store):
         filename: str,
         chunks: Iterable[bytes],
         max_bytes: int,
+        expires_after_s: int | None = None,
     ) -> StoredFile:
         """Store a file read from `chunks`: it must be UTF-8 text, not empty, at most
-        `max_bytes`. Nothing is kept if it is refused."""
+        `max_bytes`. Nothing is kept if it is refused. Retention deletes it
+        `expires_after_s` after now (None: kept)."""
         file_id = new_id(FILE_ID_PREFIX)
+        now = self._clock()
         decoder = codecs.getincrementaldecoder("utf-8")("strict")
         size = lines = 0
         last = b""
@@ -52,7 +55,10 @@ class FileStore(Store):
                     filename=filename,
                     bytes=0,
                     lines=0,
-                    created_at=self._clock(),
+                    created_at=now,
+                    expires_at=None
+                    if expires_after_s is None
+                    else now + timedelta(seconds=expires_after_s),
                 )
             )
             for seq, chunk in enumerate(_rechunk(chunks)):
@@ -90,7 +96,7 @@ class FileStore(Store):
 
     def get(self, file_id: str, *, scope: str | None = None) -> StoredFile:
         with self._transaction() as session:
-            return _file_from_row(_scoped(session, file_id, scope))
+            return _file_from_row(_scoped(session, file_id, scope, self._clock()))
 
     def page(
         self,
@@ -100,7 +106,7 @@ class FileStore(Store):
         after: str | None = None,
         limit: int = 20,
     ) -> Page[StoredFile]:
-        query = select(FileRow).where(FileRow.deleted_at.is_(None))
+        query = select(FileRow).where(FileRow.deleted_at.is_(None), _unexpired(self._clock()))
         if scope is not None:
             query = query.where(FileRow.tenant == scope)
         if purpose is not None:
@@ -118,7 +124,7 @@ class FileStore(Store):
     def delete(self, file_id: str, *, scope: str | None = None) -> StoredFile:
         """Delete a file: its chunks go; batches that used it keep their jobs."""
         with self._transaction() as session:
-            row = _scoped(session, file_id, scope)
+            row = _scoped(session, file_id, scope, self._clock())
             row.deleted_at = self._clock()
             session.query(FileChunkRow).filter(FileChunkRow.file_id == file_id).delete()
             return _file_from_row(row)
@@ -162,10 +168,18 @@ def _rechunk(chunks: Iterable[bytes]) -> Iterator[bytes]:
 
 
 def add_output_file(
-    session: Session, *, tenant: str, batch_id: str, filename: str, size: FileSize, now: datetime
+    session: Session,
+    *,
+    tenant: str,
+    batch_id: str,
+    filename: str,
+    size: FileSize,
+    now: datetime,
+    expires_at: datetime | None,
 ) -> str:
     """Record a file made by inferq (a batch's output or errors) in the transaction that
-    ends the batch. It has no chunks: its content is made from the batch's jobs when read."""
+    ends the batch. It has no chunks: its content is made from the batch's jobs when read.
+    It expires with the batch's output (`expires_at`)."""
     file_id = new_id(FILE_ID_PREFIX)
     session.execute(
         insert(FileRow).values(
@@ -177,16 +191,22 @@ def add_output_file(
             lines=size.lines,
             batch_id=batch_id,
             created_at=now,
+            expires_at=expires_at,
         )
     )
     return file_id
 
 
-def _scoped(session: Session, file_id: str, scope: str | None) -> FileRow:
+def _scoped(session: Session, file_id: str, scope: str | None, now: datetime) -> FileRow:
+    """The file, unless it was deleted or has expired (retention deletes it soon)."""
     row = scoped_row(session, FileRow, file_id, scope, noun="file")
-    if row.deleted_at is not None:
+    if row.deleted_at is not None or (row.expires_at is not None and as_utc(row.expires_at) <= now):
         raise NotFound(f"no file with id {file_id!r}")
     return row
+
+
+def _unexpired(now: datetime) -> ColumnElement[bool]:
+    return or_(FileRow.expires_at.is_(None), FileRow.expires_at > now)
 
 
 def _file_from_row(row: FileRow) -> StoredFile:
@@ -199,4 +219,5 @@ def _file_from_row(row: FileRow) -> StoredFile:
         lines=row.lines,
         created_at=as_utc(row.created_at),
         batch_id=row.batch_id,
+        expires_at=as_utc(row.expires_at),
     )

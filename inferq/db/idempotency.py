@@ -103,13 +103,6 @@ class IdempotencyStore(Store):
                 )
             )
 
-    def purge_expired(self) -> int:
-        with self._transaction() as session:
-            result = session.execute(
-                delete(IdempotencyKeyRow).where(IdempotencyKeyRow.expires_at < self._clock())
-            )
-            return int(result.rowcount or 0)  # type: ignore[attr-defined]
-
     @staticmethod
     def _insert(
         session: Session,

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import and_, func, insert, or_, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from inferq.db.batch_counts import EndedLine, count_ended, count_finished, lock_batches_of
 from inferq.db.bulk import update_rows
 from inferq.db.idempotency import IdempotentRequest, record_response
 from inferq.db.job_rows import (
@@ -175,6 +176,7 @@ class JobStore(Store):
     def cancel_job(self, job_id: str, *, scope: str | None = None) -> Job:
         """Cancel a queued or running job; a finished one raises `InvalidState`."""
         with self._transaction() as session:
+            lock_batches_of(session, [job_id])
             row = scoped_row(session, JobRow, job_id, scope, noun="job", for_update=True)
             if row.status not in _ACTIVE:
                 raise InvalidState(
@@ -184,6 +186,8 @@ class JobStore(Store):
             row.status = JobStatus.CANCELLED.value
             row.finished_at = self._clock()
             row.lease_expires_at = None
+            if row.batch_id is not None:
+                count_ended(session, [EndedLine(row.batch_id, row.status, 0, None)])
             queued = enqueue_job_events(session, [row], row.finished_at)
             job = job_from_row(row)
         wake_delivery(self._on_webhooks, queued)
@@ -367,19 +371,27 @@ class JobStore(Store):
         now = self._clock()
         ids = [o.job_id for o in outcomes]
         with self._transaction() as session:
+            lock_batches_of(session, ids)
             rows = session.execute(
-                select(JobRow.id, JobRow.tenant, JobRow.webhook_endpoint_id, JobRow.webhook_events)
+                select(
+                    JobRow.id,
+                    JobRow.tenant,
+                    JobRow.webhook_endpoint_id,
+                    JobRow.webhook_events,
+                    JobRow.batch_id,
+                    JobRow.prompt_tokens,
+                )
                 .where(JobRow.id.in_(ids), JobRow.status.in_(_ACTIVE))
                 .with_for_update()
             ).all()
             live = {row.id for row in rows}
-            values = [outcome_values(o, now) for o in outcomes if o.job_id in live]
-            update_rows(session, JobRow, values)
-            status = {v["id"]: v["status"] for v in values}
+            values = {o.job_id: outcome_values(o, now) for o in outcomes if o.job_id in live}
+            update_rows(session, JobRow, list(values.values()))
+            count_finished(session, rows, values)
             queued = enqueue_job_events(
                 session,
                 [
-                    EndedJob(row.id, row.tenant, status[row.id], *row[2:])
+                    EndedJob(row.id, row.tenant, values[row.id]["status"], *row[2:4])
                     for row in rows
                     if row.webhook_endpoint_id is not None
                 ],

@@ -90,6 +90,13 @@ class JobRow(Base):
             postgresql_where=text("status IN ('queued', 'running')"),
             sqlite_where=text("status IN ('queued', 'running')"),
         ),
+        # What retention scans: single jobs that have ended, oldest first.
+        Index(
+            "ix_jobs_single_finished",
+            "finished_at",
+            postgresql_where=text("batch_id IS NULL AND finished_at IS NOT NULL"),
+            sqlite_where=text("batch_id IS NULL AND finished_at IS NOT NULL"),
+        ),
     )
 
 
@@ -132,8 +139,18 @@ class FileRow(Base):
     batch_id: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(Timestamp)
     deleted_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    # When retention deletes it (None: kept until deleted by hand).
+    expires_at: Mapped[datetime | None] = mapped_column(Timestamp)
 
-    __table_args__ = (Index("ix_files_tenant_id", "tenant", "id"),)
+    __table_args__ = (
+        Index("ix_files_tenant_id", "tenant", "id"),
+        Index(
+            "ix_files_expires_at",
+            "expires_at",
+            postgresql_where=text("expires_at IS NOT NULL"),
+            sqlite_where=text("expires_at IS NOT NULL"),
+        ),
+    )
 
 
 class FileChunkRow(Base):
@@ -172,8 +189,26 @@ class BatchRow(Base):
     webhook_endpoint_id: Mapped[str | None] = mapped_column(String(64))
     webhook_events: Mapped[list[str] | None] = mapped_column(Json)
     priority: Mapped[int] = mapped_column(SmallInteger, default=0, server_default="0")
+    # Kept up to date as lines end, so reading a batch counts nothing.
+    request_total: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    request_completed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    request_failed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # `output_expires_after.seconds`, and when that makes the batch's lines, results and
+    # files go (set once it ends; None: kept).
+    output_expires_after_s: Mapped[int | None] = mapped_column(Integer)
+    output_expires_at: Mapped[datetime | None] = mapped_column(Timestamp)
 
-    __table_args__ = (Index("ix_batches_tenant_id", "tenant", "id"),)
+    __table_args__ = (
+        Index("ix_batches_tenant_id", "tenant", "id"),
+        Index(
+            "ix_batches_output_expires_at",
+            "output_expires_at",
+            postgresql_where=text("output_expires_at IS NOT NULL"),
+            sqlite_where=text("output_expires_at IS NOT NULL"),
+        ),
+    )
 
 
 class WebhookEndpointRow(Base):
@@ -208,6 +243,13 @@ class WebhookDeliveryRow(Base):
     finished_at: Mapped[datetime | None] = mapped_column(Timestamp)
 
     __table_args__ = (
+        # What retention scans: deliveries that have ended, oldest first.
+        Index(
+            "ix_webhook_deliveries_finished",
+            "finished_at",
+            postgresql_where=text("finished_at IS NOT NULL"),
+            sqlite_where=text("finished_at IS NOT NULL"),
+        ),
         # What the delivery loop scans: the few deliveries not yet ended, by due time.
         Index(
             "ix_webhook_deliveries_due",

@@ -14,9 +14,10 @@ from inferq.db.engine import make_engine, make_sessions
 from inferq.db.jobs import JobStore
 from inferq.db.migrate import upgrade
 from inferq.db.webhooks import WebhookStore
-from inferq.jobs import Choice, JobError, JobOutcome, JobResult, JobSpec, SamplingParams
+from inferq.jobs import JobError, JobOutcome
 from inferq.webhooks import Attempt, DeliveryState, WebhookRequest
 from tests.helpers.clock import Clock
+from tests.helpers.jobs import job_result, job_spec
 
 
 @pytest.fixture
@@ -44,23 +45,6 @@ def stores(
     engine.dispose()
 
 
-def _spec() -> JobSpec:
-    return JobSpec(
-        model="tiny",
-        prompt="hi",
-        messages=None,
-        prompt_token_ids=[0, 5, 6],
-        sampling=SamplingParams(max_tokens=8),
-    )
-
-
-def _result() -> JobResult:
-    return JobResult(
-        choices=(Choice(index=0, text="out", finish_reason="stop", completion_tokens=2),),
-        prompt_tokens=3,
-    )
-
-
 def _attempt(number: int, status: int | None, clock: Clock) -> Attempt:
     return Attempt(
         number=number, started_at=clock.now, status_code=status, latency_ms=5, error=None
@@ -74,26 +58,26 @@ def test_deliveries_are_written_with_results_for_the_events_asked(stores: Stores
     jobs, hooks, wakes = stores
     url = "https://hooks.example.com/a"
     a, b = jobs.create_jobs(
-        [_spec(), _spec()],
+        [job_spec(), job_spec()],
         tenant="t",
         queue="interactive",
         requeue_after_s=60,
         webhook=WebhookRequest(url),
     )
     [only_failures] = jobs.create_jobs(
-        [_spec()],
+        [job_spec()],
         tenant="t",
         queue="interactive",
         requeue_after_s=60,
         webhook=WebhookRequest(url, ["job.failed"]),
     )
-    [plain] = jobs.create_jobs([_spec()], tenant="t", queue="interactive", requeue_after_s=60)
+    [plain] = jobs.create_jobs([job_spec()], tenant="t", queue="interactive", requeue_after_s=60)
     jobs.cancel_job(b.id)
     written = jobs.finish_jobs(
         [
-            JobOutcome(job_id=a.id, result=_result()),
-            JobOutcome(job_id=b.id, result=_result()),  # already cancelled: not written
-            JobOutcome(job_id=only_failures.id, result=_result()),
+            JobOutcome(job_id=a.id, result=job_result()),
+            JobOutcome(job_id=b.id, result=job_result()),  # already cancelled: not written
+            JobOutcome(job_id=only_failures.id, result=job_result()),
             JobOutcome(job_id=plain.id, error=JobError(code="x", message="y")),
         ]
     )
@@ -112,13 +96,13 @@ def test_deliveries_are_written_with_results_for_the_events_asked(stores: Stores
 def test_a_claim_leases_each_due_delivery_to_one_sender(stores: Stores, clock: Clock) -> None:
     jobs, hooks, _ = stores
     [job] = jobs.create_jobs(
-        [_spec()],
+        [job_spec()],
         tenant="t",
         queue="interactive",
         requeue_after_s=60,
         webhook=WebhookRequest("https://hooks.example.com/b"),
     )
-    jobs.finish_jobs([JobOutcome(job_id=job.id, result=_result())])
+    jobs.finish_jobs([JobOutcome(job_id=job.id, result=job_result())])
     [(delivery, endpoint)] = hooks.claim_due(limit=10, lease_s=30)
     assert delivery.attempts == 1
     assert endpoint.url == "https://hooks.example.com/b"
@@ -143,9 +127,9 @@ def test_the_last_failure_dead_letters_and_410_disables_the_endpoint(
     jobs, hooks, _ = stores
     webhook = WebhookRequest("https://hooks.example.com/c")
     a, b, c = jobs.create_jobs(
-        [_spec()] * 3, tenant="t", queue="interactive", requeue_after_s=60, webhook=webhook
+        [job_spec()] * 3, tenant="t", queue="interactive", requeue_after_s=60, webhook=webhook
     )
-    jobs.finish_jobs([JobOutcome(job_id=j.id, result=_result()) for j in (a, b)])
+    jobs.finish_jobs([JobOutcome(job_id=j.id, result=job_result()) for j in (a, b)])
     first, second = (d for d, _ in hooks.claim_due(limit=10, lease_s=30))
     assert hooks.record(first, _attempt(1, 503, clock), retry_in_s=None) is DeliveryState.DEAD
     gone = hooks.record(second, _attempt(1, 410, clock), retry_in_s=None, disable_endpoint="410")
@@ -153,7 +137,7 @@ def test_the_last_failure_dead_letters_and_410_disables_the_endpoint(
     [endpoint] = hooks.endpoints(scope="t")
     assert endpoint.disabled_reason == "410"
     # Later events for a disabled endpoint are not sent.
-    jobs.finish_jobs([JobOutcome(job_id=c.id, result=_result())])
+    jobs.finish_jobs([JobOutcome(job_id=c.id, result=job_result())])
     assert hooks.claim_due(limit=10, lease_s=30) == []
     [latest, *_] = hooks.page(scope="t")[0]
     assert (latest.job_id, latest.state) == (c.id, DeliveryState.DISABLED)

@@ -117,7 +117,15 @@ def inferq_env(args: dict[str, Any]) -> dict[str, str]:
 
 @contextmanager
 def inferq(model: Path, workdir: Path, **extra: str) -> Iterator[str]:
-    """API, GPU worker, delivery/maintenance worker and beat on a database of their own."""
+    """API, GPU worker, delivery/maintenance worker and beat on a database of their own;
+    the API's URL."""
+    with deployment(model, workdir, **extra) as (base_url, _):
+        yield base_url
+
+
+@contextmanager
+def deployment(model: Path, workdir: Path, **extra: str) -> Iterator[tuple[str, dict[str, str]]]:
+    """As `inferq`; the API's URL and the processes' environment (database, key prefix)."""
     with ExitStack() as cleanup:
         url = cleanup.enter_context(stack.database())
         prefix = cleanup.enter_context(stack.key_prefix())
@@ -136,7 +144,7 @@ def inferq(model: Path, workdir: Path, **extra: str) -> Iterator[str]:
         cleanup.callback(beat.stop)
         worker.wait_for(" ready.", timeout_s=600)
         service.wait_for(" ready.", timeout_s=120)
-        yield base_url
+        yield base_url, env
 
 
 def run_inferq_batch(

@@ -4,11 +4,13 @@ clock the tests move: what goes when, what stays, and that nothing is half-visib
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from alembic import command
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -20,7 +22,7 @@ from inferq.db.engine import make_engine, make_sessions
 from inferq.db.files import FileSize, FileStore
 from inferq.db.idempotency import IdempotencyStore, IdempotentRequest
 from inferq.db.jobs import JobStore
-from inferq.db.migrate import upgrade
+from inferq.db.migrate import alembic_config, upgrade
 from inferq.db.models import (
     FileChunkRow,
     FileRow,
@@ -69,6 +71,18 @@ def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
     else:
         url = f"sqlite:///{tmp_path / 'store.db'}"
         upgrade(url)
+    with _stores_on(url) as stores:
+        yield stores
+
+
+@pytest.fixture
+def postgres_stores(database_url: str) -> Iterator[Stores]:
+    with _stores_on(database_url) as stores:
+        yield stores
+
+
+@contextmanager
+def _stores_on(url: str) -> Iterator[Stores]:
     engine = make_engine(url, pool_size=2)
     sessions = make_sessions(engine)
     clock = Clock()
@@ -291,3 +305,24 @@ def test_batch_counters_agree_with_the_lines_through_every_way_a_line_ends(
 
 def _size(lines: int) -> FileSize:
     return FileSize(bytes=lines * 10, lines=lines)
+
+
+def test_the_migration_counts_the_lines_of_batches_made_before_counters(
+    database_url: str, postgres_stores: Stores
+) -> None:
+    """A deployment's existing batches: back to the schema before counters, then up again."""
+    stores = postgres_stores
+    batch_id, lines = _batch(stores, 6, expires_after_s=None)
+    stores.jobs.claim_jobs(lines[:3], worker="w", lease_s=60)
+    stores.jobs.finish_jobs(
+        [JobOutcome(job_id=j, result=job_result(completion_tokens=5)) for j in lines[:2]]
+        + [JobOutcome(job_id=lines[2], error=JobError(code="x", message="no"))]
+    )
+    stores.jobs.cancel_job(lines[3])
+    before = stores.batches.get(batch_id)
+    command.downgrade(alembic_config(database_url), "0007")
+    upgrade(database_url)
+    after = stores.batches.get(batch_id)
+    assert (after.counts, after.usage) == (before.counts, before.usage)
+    assert (after.counts.total, after.counts.completed, after.counts.failed) == (6, 2, 2)
+    assert (after.usage.input_tokens, after.usage.output_tokens) == (6, 10)

@@ -117,9 +117,14 @@ class Sampler(threading.Thread):
                 size, rows = conn.execute(
                     "SELECT pg_database_size(current_database()), (SELECT count(*) FROM jobs)"
                 ).fetchone()  # type: ignore[misc]
-                self.samples.append(
-                    {"t_s": time.monotonic() - started, "db_mb": size / 2**20, "job_rows": rows}
-                )
+                sample = {
+                    "t_s": time.monotonic() - started,
+                    "db_mb": size / 2**20,
+                    "job_rows": rows,
+                }
+                self.samples.append(sample)
+                # As it goes, so a long run shows its progress (and what it had, if cut off).
+                print(json.dumps(sample), flush=True)
                 self._halt.wait(self._every_s)
 
     def stop(self) -> None:

@@ -132,6 +132,22 @@ class Sampler(threading.Thread):
         self.join()
 
 
+AUTOVACUUM_OFF = (
+    "autovacuum is off on this Postgres: the space of deleted rows is never reused, so the "
+    "database grows whatever retention deletes (Postgres's default is on: "
+    "ALTER SYSTEM SET autovacuum = on; SELECT pg_reload_conf())"
+)
+
+
+def _autovacuum(dsn: str) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        setting = conn.execute("SHOW autovacuum").fetchone()
+    on = setting is not None and setting[0] == "on"
+    if not on:
+        print(AUTOVACUUM_OFF, flush=True)
+    return on
+
+
 def _retention_passes(env: dict[str, str]) -> list[dict[str, Any]]:
     client = redis.Redis.from_url(env["INFERQ_REDIS_URL"])
     key = env["INFERQ_REDIS_KEY_PREFIX"] + RETENTION_PASSES_KEY
@@ -169,6 +185,7 @@ def main() -> None:
         asyncio.run(_drive(url, WARM_UP_JOBS, args.concurrency, recent))
         start = _reads(url, recent, batch.id)
         dsn = env["INFERQ_DATABASE_URL"].replace("postgresql+psycopg://", "postgresql://")
+        autovacuum = _autovacuum(dsn)
         sampler = Sampler(dsn, args.sample_s)
         sampler.start()
         jobs_per_s = asyncio.run(_drive(url, args.jobs, args.concurrency, recent))
@@ -186,6 +203,7 @@ def main() -> None:
     result = {
         "jobs": args.jobs,
         "retention_s": args.retention_s,
+        "autovacuum": autovacuum,
         "concurrency": args.concurrency,
         "jobs_per_s": jobs_per_s,
         "samples": sampler.samples,
@@ -206,6 +224,8 @@ def _print(result: dict[str, Any]) -> None:
     samples = result["samples"]
     jobs, rate, keep = result["jobs"], result["jobs_per_s"], result["retention_s"]
     print(f"{jobs} jobs at {rate:.0f} jobs/s, retention {keep} s")
+    if not result["autovacuum"]:
+        print(AUTOVACUUM_OFF)
     step = max(1, len(samples) // 12)
     for sample in samples[::step] + samples[-1:]:
         t, size, rows = sample["t_s"], sample["db_mb"], sample["job_rows"]

@@ -26,9 +26,9 @@ from inferq.db.webhooks import WebhookStore
 from inferq.events import JobEvents
 from inferq.job_ops import JobOperations
 from inferq.jobs import Job
+from inferq.model_catalog import ModelCatalog
 from inferq.queues import QueueMonitor
 from inferq.settings import Settings
-from inferq.validation import JobValidator
 from inferq.worker_registry import WorkerRegistry
 
 
@@ -39,7 +39,8 @@ class Services:
     settings: Settings
     store: JobStore
     publisher: JobPublisher
-    validator: JobValidator
+    # The models workers registered, each with its tokenizer and validator.
+    models: ModelCatalog
     events: JobEvents
     waiter: JobWaiter
     follower: TokenFollower

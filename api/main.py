@@ -18,7 +18,17 @@ from api.errors import register_error_handlers
 from api.grouping import Grouped
 from api.metrics import ApiMetrics, QueueCollector, RequestMetrics
 from api.ratelimit import RateLimiter
-from api.routes import batches, completions, files, health, jobs, models, status, webhooks
+from api.routes import (
+    batches,
+    completions,
+    embeddings,
+    files,
+    health,
+    jobs,
+    models,
+    status,
+    webhooks,
+)
 from api.token_follower import TokenFollower
 from api.urlcheck import RefuseNulInUrl
 from api.waiter import JobWaiter
@@ -32,13 +42,13 @@ from inferq.db.files import FileStore
 from inferq.db.idempotency import IdempotencyStore
 from inferq.db.jobs import JobStore
 from inferq.db.migrate import check_schema
+from inferq.db.served_models import ModelStore
 from inferq.db.webhooks import WebhookStore
 from inferq.events import JobEvents
 from inferq.job_ops import JobOperations
-from inferq.prompts import PromptRenderer
+from inferq.model_catalog import ModelCatalog, RequestLimits
 from inferq.queues import QueueMonitor
 from inferq.settings import Settings
-from inferq.validation import JobValidator
 from inferq.worker_registry import WorkerRegistry
 
 log = logging.getLogger(__name__)
@@ -48,13 +58,13 @@ MAX_GROUP = 256
 
 
 def build_services(settings: Settings) -> Services:
-    """Connect to Postgres and Redis and load the tokenizer: once per process."""
+    """Connect to Postgres and Redis: once per process. Models (and their tokenizers) are
+    learned from what the GPU workers registered, when first asked for."""
     redis = Redis.from_url(settings.redis_url)
-    renderer = PromptRenderer.load(settings.tokenizer_name, max_model_len=settings.max_model_len)
     sessions = make_sessions(make_engine(settings.database_url))
     keys = KeyStore(sessions)
     prefix = settings.redis_key_prefix
-    validator = JobValidator.from_settings(renderer, settings)
+    models = ModelCatalog(ModelStore(sessions), limits=RequestLimits.from_settings(settings))
     publisher = JobPublisher.from_settings(settings)
     events = JobEvents(redis, key_prefix=prefix)
     files = FileStore(sessions)
@@ -74,7 +84,7 @@ def build_services(settings: Settings) -> Services:
         settings=settings,
         store=store,
         publisher=publisher,
-        validator=validator,
+        models=models,
         events=events,
         waiter=waiter,
         follower=TokenFollower(async_redis, key_prefix=prefix, waiter=waiter),
@@ -97,8 +107,7 @@ def build_services(settings: Settings) -> Services:
         batch_ops=BatchOperations(
             files=files,
             batches=BatchStore(sessions, on_webhooks=publisher.publish_webhooks),
-            validator=validator,
-            model_name=settings.model_name,
+            models=models,
             publisher=publisher,
             events=events,
             max_lines=settings.max_batch_lines,
@@ -133,7 +142,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         services = build_services(settings)
         _prepare_keys(settings, services.keys)
         app.state.services = services
-        metrics.registry.register(QueueCollector(services.queues, services.workers))
+        metrics.registry.register(
+            QueueCollector(services.queues, services.workers, services.models)
+        )
         await services.waiter.start()
         try:
             yield
@@ -161,6 +172,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(completions.router)
+    app.include_router(embeddings.router)
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(models.router)

@@ -11,7 +11,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from inferq.exceptions import BrokerUnavailable
+from inferq.exceptions import InferqError
+from inferq.model_catalog import ModelCatalog
 from inferq.queues import QueueMonitor
 from inferq.worker_registry import WorkerRegistry
 
@@ -39,15 +40,17 @@ class ApiMetrics:
 class QueueCollector(Collector):
     """Queue depths and workers online, read from Redis when Prometheus scrapes."""
 
-    def __init__(self, queues: QueueMonitor, workers: WorkerRegistry) -> None:
+    def __init__(self, queues: QueueMonitor, workers: WorkerRegistry, models: ModelCatalog) -> None:
         self._queues = queues
         self._workers = workers
+        self._models = models
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         try:
-            depths = self._queues.depths()
-            online = len(self._workers.online())
-        except BrokerUnavailable as exc:
+            bases = sorted({model.base for model in self._models.models()})
+            depths = self._queues.depths(bases)
+            online = self._workers.online()
+        except InferqError as exc:  # Redis or Postgres unreachable: no sample this time
             log.warning("cannot read queue depths: %s", exc.message)
             return
         depth = GaugeMetricFamily(
@@ -56,7 +59,15 @@ class QueueCollector(Collector):
         for queue, count in depths.items():
             depth.add_metric([queue], count)
         yield depth
-        yield GaugeMetricFamily("inferq_workers_online", "GPU workers online.", value=online)
+        yield GaugeMetricFamily("inferq_workers_online", "GPU workers online.", value=len(online))
+        serving = GaugeMetricFamily(
+            "inferq_model_workers_online",
+            "GPU workers online serving each model.",
+            labels=["model"],
+        )
+        for base in bases:
+            serving.add_metric([base], sum(1 for w in online if w.model == base))
+        yield serving
 
 
 class RequestMetrics:

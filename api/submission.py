@@ -9,14 +9,18 @@ import functools
 import logging
 from collections.abc import Callable, Sequence
 
+from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import Services
+from api.waiter import ReadJob
 from inferq.api_keys import Principal
 from inferq.db.idempotency import IdempotentRequest
 from inferq.db.jobs import NewJob
 from inferq.exceptions import InferqError, InvalidRequest
 from inferq.jobs import Job, JobSpec
+from inferq.model_catalog import CatalogModel
+from inferq.served_models import Runner
 from inferq.webhooks import WebhookRequest, check_webhook_url, parse_networks
 
 log = logging.getLogger(__name__)
@@ -25,11 +29,21 @@ log = logging.getLogger(__name__)
 INLINE_PROMPT_CHARS = 8192
 
 
-async def checked(prompt_chars: int, build: Callable[[], JobSpec]) -> JobSpec:
-    """`build()`, in a worker thread if the prompt is long enough to hold the event loop."""
-    if prompt_chars > INLINE_PROMPT_CHARS:
-        return await run_in_threadpool(build)
-    return build()
+async def checked(
+    services: Services,
+    model: str | None,
+    prompt_chars: int,
+    build: Callable[[CatalogModel], JobSpec],
+    *,
+    runner: Runner = "generate",
+) -> JobSpec:
+    """`build(model)` for the served model a request named, in a worker thread if the
+    prompt is long enough to hold the event loop or the model is not ready in memory
+    (learning of it reads Postgres and loads its tokenizer)."""
+    ready = services.models.cached(model, runner=runner)
+    if ready is None or prompt_chars > INLINE_PROMPT_CHARS:
+        return await run_in_threadpool(lambda: build(services.models.get(model, runner=runner)))
+    return build(ready)
 
 
 def webhook_request(
@@ -80,3 +94,13 @@ async def cancel_abandoned(services: Services, job_id: str, *, scope: str | None
         log.debug("job %s was not cancelled after its client left: %s", job_id, exc.message)
     else:
         log.info("cancelled job %s: its client hung up", job_id, extra={"job_id": job_id})
+
+
+async def until_ended(
+    job: Job, *, read: ReadJob, services: Services, request: Request, scope: str | None
+) -> Job:
+    """The job once it has ended; if the client hangs up first, it is cancelled."""
+    job = await services.waiter.until_ended(job.id, read, give_up=request.is_disconnected)
+    if not job.status.is_terminal:
+        await cancel_abandoned(services, job.id, scope=scope)
+    return job

@@ -77,7 +77,7 @@ def submit(
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed
     )
     with _client(url, api_key) as client, tempfile.TemporaryDirectory() as workdir:
-        served = model or client.get("/v1/models")["data"][0]["id"]
+        served = model or _only_generation_model(client.get("/v1/models")["data"])
         ready = prepare(
             file, Defaults(model=served, sampling=sampling, chat=chat), workdir=Path(workdir)
         )
@@ -266,3 +266,14 @@ def _append(lines: IO[bytes], target: Path) -> None:
 def _print_errors(batch: dict[str, Any]) -> None:
     for error in (batch.get("errors") or {}).get("data", []):
         typer.echo(f"  {error['message']}", err=True)
+
+
+def _only_generation_model(models: list[dict[str, Any]]) -> str:
+    """The model converted lines go to when `--model` is not given: the only one."""
+    names = [
+        m["id"] for m in models if m.get("runner", "generate") == "generate" and not m.get("parent")
+    ]
+    if len(names) != 1:
+        served = ", ".join(names) or "none yet (start a GPU worker)"
+        raise typer.BadParameter(f"give --model: this deployment serves {served}")
+    return str(names[0])

@@ -31,9 +31,9 @@ from inferq.db.migrate import upgrade
 from inferq.demo_model import CPU_DTYPE, DEMO, TINY, build_demo_model
 from inferq.exceptions import InferqError, JobsReturned
 from inferq.jobs import JobStatus
-from inferq.prompts import PromptRenderer
+from inferq.model_catalog import FixedModels, ModelCatalog, RequestLimits
+from inferq.served_models import served_by
 from inferq.settings import Settings
-from inferq.validation import JobValidator
 
 if TYPE_CHECKING:
     from worker.engine import Engine as ModelEngine
@@ -106,7 +106,7 @@ class LocalRun:
         self.jobs = JobStore(sessions)
         self.batches = BatchStore(sessions)
         self._files = FileStore(sessions)
-        self._ops = self._operations(validator=None)
+        self._ops = self._operations(models=None)
 
     def close(self) -> None:
         self._db.dispose()
@@ -127,10 +127,9 @@ class LocalRun:
             self._take_back_lines_in_flight(batch.id)
             return batch
         settings = self.settings
-        renderer = PromptRenderer.load(
-            settings.tokenizer_name, max_model_len=settings.max_model_len
+        models = ModelCatalog(
+            FixedModels(served_by(settings)), limits=RequestLimits.from_settings(settings)
         )
-        validator = JobValidator.from_settings(renderer, settings)
         with source.open("rb") as f:
             stored = self._files.upload(
                 tenant=LOCAL_TENANT,
@@ -139,7 +138,7 @@ class LocalRun:
                 chunks=iter(lambda: f.read(1 << 20), b""),
                 max_bytes=NO_LIMIT,
             )
-        return self._operations(validator).create(
+        return self._operations(models).create(
             tenant=LOCAL_TENANT,
             input_file_id=stored.id,
             endpoint=endpoint,
@@ -246,12 +245,11 @@ class LocalRun:
             written.append(target)
         return written[0], written[1]
 
-    def _operations(self, validator: JobValidator | None) -> BatchOperations:
+    def _operations(self, models: ModelCatalog | None) -> BatchOperations:
         return BatchOperations(
             files=self._files,
             batches=self.batches,
-            validator=validator,
-            model_name=self.settings.model_name,
+            models=models,
             publisher=None,
             events=None,
             max_lines=NO_LIMIT,

@@ -1,23 +1,34 @@
 """Reading a batch input file: each line in OpenAI's Batch format, checked and tokenized.
 
 Lines are checked in chunks, so a 50,000-line file takes bounded memory and the tokenizer
-sees many prompts per call. Every problem becomes a `LineError` that names the line, its
-custom_id and the parameter; the caller decides what a bad line means for the batch.
+sees many prompts per call. Each line names its own model (OpenAI's files name one; here
+lines may mix models and adapters), checked against what the workers registered. Every
+problem becomes a `LineError` that names the line, its custom_id and the parameter; the
+caller decides what a bad line means for the batch.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from inferq.batches import CHAT_ENDPOINT, LineError
-from inferq.exceptions import InvalidRequest
+from inferq.batches import CHAT_ENDPOINT, EMBEDDINGS_ENDPOINT, LineError
+from inferq.embeddings import (
+    EmbeddingBody,
+    PreparedEmbedding,
+    encode_embeddings,
+    finish_embedding,
+    prepare_embedding,
+)
+from inferq.exceptions import InvalidRequest, ModelNotFound
 from inferq.jobs import JobSpec
+from inferq.model_catalog import ModelCatalog
 from inferq.openai_bodies import ChatBody, CompletionBody, prepare_body
 from inferq.validation import JobValidator, PreparedRequest, check_storable
 
@@ -52,19 +63,30 @@ class _Prepared:
     line: int
     custom_id: str
     request: PreparedRequest
+    validator: JobValidator
+
+
+@dataclass(frozen=True)
+class _Embedding:
+    line: int
+    custom_id: str
+    request: PreparedEmbedding
+
+
+_Checked = _Prepared | _Embedding | LineError
 
 
 class BatchLineReader:
     """Turns the raw lines of a file into `LineSpec`s and `LineError`s, in line order."""
 
-    def __init__(self, validator: JobValidator, *, endpoint: str) -> None:
-        self._validator = validator
+    def __init__(self, models: ModelCatalog, *, endpoint: str) -> None:
+        self._models = models
         self._endpoint = endpoint
         self._body_type = ChatBody if endpoint == CHAT_ENDPOINT else CompletionBody
         self._seen: set[str] = set()
 
     def read(self, lines: Iterable[bytes]) -> Iterator[LineSpec | LineError]:
-        chunk: list[_Prepared | LineError] = []
+        chunk: list[_Checked] = []
         for number, raw in enumerate(lines, start=1):
             if not raw.strip():
                 continue
@@ -74,13 +96,13 @@ class BatchLineReader:
                 chunk = []
         yield from self._finish(chunk)
 
-    def _prepare(self, number: int, raw: bytes) -> _Prepared | LineError:
+    def _prepare(self, number: int, raw: bytes) -> _Checked:
         try:
             return self._check(number, raw)
         except _Refused as refused:
             return refused.error
 
-    def _check(self, number: int, raw: bytes) -> _Prepared:
+    def _check(self, number: int, raw: bytes) -> _Prepared | _Embedding:
         try:
             data = json.loads(raw)
         except ValueError as exc:
@@ -118,6 +140,11 @@ class BatchLineReader:
                 f"{where}: url is {envelope.url!r}, but this batch's endpoint is "
                 f"{self._endpoint!r}",
             )
+        if self._endpoint == EMBEDDINGS_ENDPOINT:
+            return self._embedding(number, envelope, where)
+        return self._generation(number, envelope, where)
+
+    def _generation(self, number: int, envelope: BatchLine, where: str) -> _Prepared:
         try:
             body = self._body_type.model_validate(envelope.body)
         except ValidationError as exc:
@@ -128,29 +155,64 @@ class BatchLineReader:
             )
         try:
             check_storable(envelope.custom_id, "custom_id")
-            return _Prepared(number, envelope.custom_id, prepare_body(self._validator, body))
-        except InvalidRequest as exc:
-            param = exc.param if exc.param in ("custom_id", None) else f"body.{exc.param}"
-            code = exc.code if exc.code != "invalid_request" else "invalid_parameter"
-            raise _Refused(code, number, param, f"{where}: {exc.message}") from exc
+            validator = self._models.get(body.model).validator
+            request = prepare_body(validator, body)
+            return _Prepared(number, envelope.custom_id, request, validator)
+        except (InvalidRequest, ModelNotFound) as exc:
+            raise _Refused.from_error(exc, where=where, number=number) from exc
 
-    def _finish(self, chunk: list[_Prepared | LineError]) -> Iterator[LineSpec | LineError]:
-        prepared = [item for item in chunk if isinstance(item, _Prepared)]
-        token_ids = iter(self._validator.encode([p.request for p in prepared]))
+    def _embedding(self, number: int, envelope: BatchLine, where: str) -> _Embedding:
+        try:
+            body = EmbeddingBody.model_validate(envelope.body)
+        except ValidationError as exc:
+            raise _Refused.from_validation(exc, where=where, number=number, prefix="body.") from exc
+        try:
+            check_storable(envelope.custom_id, "custom_id")
+            model = self._models.get(body.model, runner="pooling")
+            return _Embedding(number, envelope.custom_id, prepare_embedding(body, model))
+        except (InvalidRequest, ModelNotFound) as exc:
+            raise _Refused.from_error(exc, where=where, number=number) from exc
+
+    def _finish(self, chunk: list[_Checked]) -> Iterator[LineSpec | LineError]:
+        token_ids = _encoded([item for item in chunk if isinstance(item, _Prepared)])
+        embeddings = [item for item in chunk if isinstance(item, _Embedding)]
+        encoded = encode_embeddings([item.request for item in embeddings])
+        inputs = {item.line: ids for item, ids in zip(embeddings, encoded, strict=True)}
         for item in chunk:
             if isinstance(item, LineError):
                 yield item
-                continue
-            ids = next(token_ids)
-            try:
-                yield LineSpec(item.line, item.custom_id, self._validator.finish(item.request, ids))
-            except InvalidRequest as exc:
-                yield LineError(
-                    code=exc.code,
-                    line=item.line,
-                    param=f"body.{exc.param}" if exc.param else None,
-                    message=f"line {item.line} (custom_id {item.custom_id!r}): {exc.message}",
-                )
+            elif isinstance(item, _Embedding):
+                finish = functools.partial(finish_embedding, item.request, inputs[item.line])
+                yield _finished(item, finish)
+            else:
+                ids = token_ids[item.line]
+                yield _finished(item, functools.partial(item.validator.finish, item.request, ids))
+
+
+def _finished(item: _Prepared | _Embedding, finish: Callable[[], JobSpec]) -> LineSpec | LineError:
+    """The line's job, once its text is tokenized and `finish` checks its length."""
+    try:
+        spec = finish()
+    except InvalidRequest as exc:
+        return LineError(
+            code=exc.code,
+            line=item.line,
+            param=f"body.{exc.param}" if exc.param else None,
+            message=f"line {item.line} (custom_id {item.custom_id!r}): {exc.message}",
+        )
+    return LineSpec(item.line, item.custom_id, spec)
+
+
+def _encoded(prepared: list[_Prepared]) -> dict[int, list[int]]:
+    """Token ids of each line, by line number: each model's lines in one call."""
+    by_validator: dict[int, list[_Prepared]] = {}
+    for item in prepared:
+        by_validator.setdefault(id(item.validator), []).append(item)
+    ids: dict[int, list[int]] = {}
+    for items in by_validator.values():
+        encoded = items[0].validator.encode([item.request for item in items])
+        ids.update((item.line, token_ids) for item, token_ids in zip(items, encoded, strict=True))
+    return ids
 
 
 class _Refused(Exception):
@@ -159,6 +221,14 @@ class _Refused(Exception):
     def __init__(self, code: str, line: int, param: str | None, message: str) -> None:
         super().__init__(message)
         self.error = LineError(code=code, line=line, param=param, message=message)
+
+    @classmethod
+    def from_error(
+        cls, exc: InvalidRequest | ModelNotFound, *, where: str, number: int
+    ) -> _Refused:
+        param = exc.param if exc.param in ("custom_id", None) else f"body.{exc.param}"
+        code = exc.code if exc.code != "invalid_request" else "invalid_parameter"
+        return cls(code, number, param, f"{where}: {exc.message}")
 
     @classmethod
     def from_validation(

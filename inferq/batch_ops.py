@@ -4,12 +4,13 @@ it, finalize it, and read its files. Used by the API, the maintenance worker and
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from inferq.batch_lines import BatchLineReader
+from inferq.batch_lines import BatchLineReader, LineSpec
 from inferq.batch_output import render
 from inferq.batches import (
     Batch,
@@ -28,8 +29,8 @@ from inferq.db.store import Page
 from inferq.events import JobEvents
 from inferq.exceptions import BrokerUnavailable, InvalidRequest, NotFound
 from inferq.jobs import JobStatus
+from inferq.model_catalog import ModelCatalog
 from inferq.public import batch_json
-from inferq.validation import JobValidator
 from inferq.webhooks import WebhookRequest
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,7 @@ class BatchOperations:
         *,
         files: FileStore,
         batches: BatchStore,
-        validator: JobValidator | None,
-        model_name: str,
+        models: ModelCatalog | None,
         publisher: JobPublisher | None,
         events: JobEvents | None,
         max_lines: int,
@@ -65,8 +65,7 @@ class BatchOperations:
         for an idempotent request."""
         self.files = files
         self.batches = batches
-        self._validator = validator
-        self._model_name = model_name
+        self._models = models
         self._publisher = publisher
         self._events = events
         self._max_lines = max_lines
@@ -90,7 +89,7 @@ class BatchOperations:
         the refused lines listed. Nothing is half-written either way; the response to a
         request with an idempotency key is remembered with what it wrote. Once it ends,
         its lines, results and files are kept `output_expires_after_s` (None: kept)."""
-        assert self._validator is not None, "creating batches needs the tokenizer"
+        assert self._models is not None, "creating batches needs the served models"
         window = parse_completion_window(completion_window)
         try:
             source = self.files.get(input_file_id, scope=tenant)
@@ -107,7 +106,7 @@ class BatchOperations:
             input_file_id=input_file_id,
             completion_window=completion_window,
             window=window,
-            model=self._model_name,
+            model=None,
             metadata=metadata,
             webhook=webhook,
             priority=priority,
@@ -121,9 +120,11 @@ class BatchOperations:
                 f"{self._max_lines}: split it into several batches",
             )
             return self.batches.create_failed(new, [error], respond=self._respond)
-        reader = BatchLineReader(self._validator, endpoint=endpoint)
+        reader = BatchLineReader(self._models, endpoint=endpoint)
         lines = reader.read(self.files.lines(input_file_id))
         first = next(lines, None)
+        if isinstance(first, LineSpec):  # a batch's `model` is its first line's
+            new = dataclasses.replace(new, model=first.spec.model)
         if first is None:
             error = LineError(
                 code="empty_file",
@@ -204,11 +205,10 @@ class BatchOperations:
         rows = self.batches.results(
             batch.id, errors=None if include_errors else False, after=after, before=first_active
         )
-        model = batch.model or self._model_name
         return PartialOutput(
             cursor=cursor,
             ended=first_active is None,
-            lines=_interleaved(rows, endpoint=batch.endpoint, model=model),
+            lines=_interleaved(rows, endpoint=batch.endpoint),
         )
 
     def _rendered(self, batch: Batch, *, errors: bool) -> Iterator[bytes]:
@@ -218,15 +218,14 @@ class BatchOperations:
             self.batches.results(batch.id, errors=errors),
             errors=errors,
             endpoint=batch.endpoint,
-            model=batch.model or self._model_name,
         )
 
     def _publish(self, batch: Batch) -> None:
         if self._publisher is None:
             return
         try:
-            for job_ids in self.batches.job_id_chunks(batch.id):
-                self._publisher.publish_bulk(job_ids)
+            for queue, job_ids in self.batches.queued_by_queue(batch.id):
+                self._publisher.publish_bulk(job_ids, queue=queue)
         except BrokerUnavailable as exc:
             # The jobs are safe in Postgres: maintenance publishes those not yet taken.
             log.warning("batch %s is stored but not all published: %s", batch.id, exc.message)
@@ -243,10 +242,10 @@ class BatchOperations:
         self.finalize(batch_id)
 
 
-def _interleaved(rows: Iterable[ResultRow], *, endpoint: str, model: str) -> Iterator[bytes]:
+def _interleaved(rows: Iterable[ResultRow], *, endpoint: str) -> Iterator[bytes]:
     """Succeeded lines as in an output file, the others as in an error file."""
     for failed, run in itertools.groupby(rows, key=lambda row: row.status != JobStatus.SUCCEEDED):
-        yield from render(run, errors=failed, endpoint=endpoint, model=model)
+        yield from render(run, errors=failed, endpoint=endpoint)
 
 
 def _measure(chunks: Iterator[bytes]) -> FileSize:

@@ -6,21 +6,31 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from inferq.batches import CHAT_ENDPOINT, ResultRow
+from inferq.batches import CHAT_ENDPOINT, EMBEDDINGS_ENDPOINT, ResultRow
+from inferq.embeddings import embedding_body
 from inferq.openai_format import completion_body
 
 
-def output_line(row: ResultRow, *, endpoint: str, model: str) -> dict[str, Any]:
-    """A succeeded line: the chat.completion or text_completion a client would get."""
-    body = completion_body(
-        job_id=row.job_id,
-        chat=endpoint == CHAT_ENDPOINT,
-        created=int(row.finished_at.timestamp()) if row.finished_at else 0,
-        model=model,
-        choices=row.choices or [],
-        prompt_tokens=row.prompt_tokens,
-        completion_tokens=row.completion_tokens or 0,
-    )
+def output_line(row: ResultRow, *, endpoint: str) -> dict[str, Any]:
+    """A succeeded line: the chat.completion, text_completion or list of embeddings a
+    client would get."""
+    if endpoint == EMBEDDINGS_ENDPOINT:
+        body = embedding_body(
+            model=row.model,
+            embedding=row.embedding or b"",
+            pooling=row.pooling or {},
+            prompt_tokens=row.prompt_tokens,
+        )
+    else:
+        body = completion_body(
+            job_id=row.job_id,
+            chat=endpoint == CHAT_ENDPOINT,
+            created=int(row.finished_at.timestamp()) if row.finished_at else 0,
+            model=row.model,
+            choices=row.choices or [],
+            prompt_tokens=row.prompt_tokens,
+            completion_tokens=row.completion_tokens or 0,
+        )
     suffix = row.job_id.removeprefix("job_")
     return {
         "id": f"batch_req_{suffix}",
@@ -41,12 +51,10 @@ def error_line(row: ResultRow) -> dict[str, Any]:
     }
 
 
-def render(
-    rows: Iterable[ResultRow], *, errors: bool, endpoint: str, model: str
-) -> Iterator[bytes]:
+def render(rows: Iterable[ResultRow], *, errors: bool, endpoint: str) -> Iterator[bytes]:
     """JSON lines, one per row, ready to stream."""
     for row in rows:
-        line = error_line(row) if errors else output_line(row, endpoint=endpoint, model=model)
+        line = error_line(row) if errors else output_line(row, endpoint=endpoint)
         yield _one_line(json.dumps(line, ensure_ascii=False)).encode() + b"\n"
 
 

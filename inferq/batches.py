@@ -13,7 +13,8 @@ from inferq.jobs import JobStatus
 
 CHAT_ENDPOINT = "/v1/chat/completions"
 COMPLETIONS_ENDPOINT = "/v1/completions"
-ENDPOINTS = (CHAT_ENDPOINT, COMPLETIONS_ENDPOINT)
+EMBEDDINGS_ENDPOINT = "/v1/embeddings"
+ENDPOINTS = (CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, EMBEDDINGS_ENDPOINT)
 FILE_ID_PREFIX = "file-"
 BATCH_ID_PREFIX = "batch_"
 MAX_COMPLETION_WINDOW = timedelta(days=7)
@@ -134,12 +135,16 @@ class ResultRow:
     job_id: str
     line: int
     custom_id: str
+    model: str
     status: JobStatus
     choices: list[dict[str, Any]] | None
     prompt_tokens: int
     completion_tokens: int | None
     error: dict[str, str] | None
     finished_at: datetime | None
+    # An embedding line's vectors and how it asked for them (SamplingParams.pooling).
+    embedding: bytes | None = None
+    pooling: dict[str, Any] | None = None
 
 
 _WINDOW = re.compile(r"^(\d+)([hms])$")

@@ -11,11 +11,8 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from inferq.constants import (
-    BULK_QUEUE,
     DELIVER_WEBHOOKS_TASK,
     FINALIZE_BATCH_TASK,
-    GPU_QUEUES,
-    INTERACTIVE_QUEUE,
     MAINTAIN_TASK,
     MAINTENANCE_QUEUE,
     RUN_JOBS_TASK,
@@ -23,6 +20,7 @@ from inferq.constants import (
     WEBHOOKS_QUEUE,
 )
 from inferq.exceptions import BrokerUnavailable
+from inferq.queues import gpu_queues
 from inferq.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -41,8 +39,10 @@ def _queue(name: str) -> Queue:
     return Queue(name, _DEFAULT_EXCHANGE, routing_key=name)
 
 
-def make_celery(settings: Settings, *, name: str = "inferq") -> Celery:
+def make_celery(settings: Settings, *, name: str = "inferq", serving: str | None = None) -> Celery:
+    """The Celery app; a GPU worker's (`serving` its model) declares its model's queues."""
     app = Celery(name, broker=settings.redis_url, set_as_current=False)
+    model_queues = () if serving is None else gpu_queues(serving)
     app.conf.update(
         # JSON only: a pickled message can carry code, so the worker refuses anything else.
         task_serializer="json",
@@ -64,13 +64,13 @@ def make_celery(settings: Settings, *, name: str = "inferq") -> Celery:
             "queue_order_strategy": "priority",
         },
         broker_connection_retry_on_startup=True,
-        task_queues=[_queue(q) for q in (*GPU_QUEUES, *SERVICE_QUEUES)],
+        task_queues=[_queue(q) for q in (*model_queues, *SERVICE_QUEUES)],
         task_routes={
             MAINTAIN_TASK: {"queue": MAINTENANCE_QUEUE},
             FINALIZE_BATCH_TASK: {"queue": MAINTENANCE_QUEUE},
             DELIVER_WEBHOOKS_TASK: {"queue": WEBHOOKS_QUEUE},
         },
-        task_default_queue=INTERACTIVE_QUEUE,
+        task_default_queue=MAINTENANCE_QUEUE,
         task_default_exchange="",
         task_create_missing_queues=False,
         # Task events feed only Flower, and cost four Redis commands a message: workers
@@ -86,7 +86,8 @@ def make_celery(settings: Settings, *, name: str = "inferq") -> Celery:
 
 
 class JobPublisher:
-    """Publishes job ids to the GPU queues; single jobs one by one, file lines in chunks."""
+    """Publishes job ids to the GPU queues (inferq/queues.py names them): single jobs a few
+    to a message, file lines in chunks."""
 
     def __init__(self, app: Celery, *, bulk_chunk_size: int) -> None:
         self._app = app
@@ -97,20 +98,19 @@ class JobPublisher:
         """A publisher on `app` (a new Celery app if None) with the configured chunk size."""
         return cls(app or make_celery(settings), bulk_chunk_size=settings.effective_bulk_chunk_size)
 
-    def publish_interactive(self, job_ids: Sequence[str]) -> None:
+    def publish_interactive(self, job_ids: Sequence[str], *, queue: str) -> None:
         """Jobs submitted together, a few to a message: fewer messages for the worker to
         take, while several workers still share a burst."""
-        size = INTERACTIVE_CHUNK_SIZE
-        with _broker_errors(), self._app.producer_or_acquire() as producer:
-            for start in range(0, len(job_ids), size):
-                self._send(list(job_ids[start : start + size]), INTERACTIVE_QUEUE, producer)
+        self._publish(job_ids, queue, INTERACTIVE_CHUNK_SIZE)
 
-    def publish_bulk(self, job_ids: Sequence[str]) -> None:
-        size = self._bulk_chunk_size
+    def publish_bulk(self, job_ids: Sequence[str], *, queue: str) -> None:
+        self._publish(job_ids, queue, self._bulk_chunk_size)
+
+    def _publish(self, job_ids: Sequence[str], queue: str, size: int) -> None:
         # One producer (and its connection) for all the chunks, not one per message.
         with _broker_errors(), self._app.producer_or_acquire() as producer:
             for start in range(0, len(job_ids), size):
-                self._send(list(job_ids[start : start + size]), BULK_QUEUE, producer)
+                self._send(list(job_ids[start : start + size]), queue, producer)
 
     def publish_finalize(self, batch_id: str) -> None:
         """Ask the maintenance worker to make a finished batch's output files."""
@@ -128,7 +128,8 @@ class JobPublisher:
             self._app.send_task(
                 name,
                 args=args,
-                queue=queue,
+                # A Queue, not a name: model queues are not declared on publishers' apps.
+                queue=_queue(queue),
                 producer=producer,
                 retry=True,
                 retry_policy={"max_retries": 3, "interval_start": 0.1, "interval_step": 0.5},

@@ -3,10 +3,10 @@
 from typing import Final
 
 # Celery queues. Single jobs and batch-file lines travel apart so bulk work never
-# sits in front of an interactive request in Redis.
+# sits in front of an interactive request in Redis; each served model has its own pair
+# (inferq/queues.py names them).
 INTERACTIVE_QUEUE: Final = "interactive"
 BULK_QUEUE: Final = "bulk"
-GPU_QUEUES: Final = (INTERACTIVE_QUEUE, BULK_QUEUE)
 # Work that needs no GPU, on a worker of its own so it never waits behind generation.
 MAINTENANCE_QUEUE: Final = "maintenance"
 WEBHOOKS_QUEUE: Final = "webhooks"

@@ -19,6 +19,7 @@ from redis.exceptions import RedisError
 from inferq.exceptions import InferqError, PreflightFailed
 from inferq.kv_cache import gib
 from inferq.settings import Settings, redact_url
+from inferq.worker_registry import WorkerStatus
 
 PROBE_TIMEOUT_S = 3.0
 
@@ -36,6 +37,8 @@ def run_checks(settings: Settings) -> Iterator[Check]:
     redis = _redis(settings)
     yield redis
     yield _workers(settings) if redis.ok else Check("workers", False, "unknown: Redis is down")
+    if redis.ok and _postgres_ok(settings):
+        yield _models(settings)
     yield from _engine(settings)
     yield from _ports(settings)
 
@@ -83,8 +86,47 @@ def _workers(settings: Settings) -> Check:
             "no GPU worker online: start `inferq worker` (it heartbeats once its model is "
             "loaded), with the same INFERQ_REDIS_URL and INFERQ_REDIS_KEY_PREFIX",
         )
-    described = ", ".join(f"{w.name} ({w.model})" for w in online)
+    described = ", ".join(f"{w.name} ({_serves(w)})" for w in online)
     return Check("workers", True, f"{len(online)} online: {described}")
+
+
+def _serves(worker: WorkerStatus) -> str:
+    adapters = f" + adapters {', '.join(worker.adapters)}" if worker.adapters else ""
+    runner = " embeddings" if worker.runner == "pooling" else ""
+    return f"{worker.model}{runner}{adapters}"
+
+
+def _models(settings: Settings) -> Check:
+    """The models workers registered, and how many workers online serve each now."""
+    from inferq.db.engine import make_engine, make_sessions
+    from inferq.db.served_models import ModelStore
+    from inferq.worker_registry import WorkerRegistry
+
+    engine = make_engine(settings.database_url, pool_size=1)
+    try:
+        models = ModelStore(make_sessions(engine)).all()
+    finally:
+        engine.dispose()
+    if not models:
+        return Check("models", True, "none registered yet: a GPU worker registers its model")
+    with _redis_client(settings) as redis:
+        online = WorkerRegistry(redis, key_prefix=settings.redis_key_prefix).online()
+    parts = []
+    for model in models:
+        count = sum(1 for w in online if w.model == model.base)
+        served = f"{count} worker{'s' if count != 1 else ''}" if count else "no worker: jobs wait"
+        parts.append(f"{model.name} ({served})")
+    return Check("models", True, ", ".join(parts))
+
+
+def _postgres_ok(settings: Settings) -> bool:
+    from inferq.db.migrate import check_schema
+
+    try:
+        check_schema(settings.database_url)
+    except InferqError:
+        return False
+    return True
 
 
 def _engine(settings: Settings) -> Iterator[Check]:

@@ -31,8 +31,9 @@ def cancel_channel(key_prefix: str) -> str:
     return key_prefix + JOBS_CANCEL_CHANNEL
 
 
-def submitted_channel(key_prefix: str) -> str:
-    return key_prefix + JOBS_SUBMITTED_CHANNEL
+def submitted_channel(key_prefix: str, model: str) -> str:
+    """Where single jobs for the served model `model` are offered to its workers."""
+    return f"{key_prefix}{JOBS_SUBMITTED_CHANNEL}:{model}"
 
 
 def decode_ids(data: bytes | str) -> list[str]:
@@ -53,7 +54,6 @@ class JobEvents:
         self._redis = redis
         self._key_prefix = key_prefix
         self._cancel = cancel_channel(key_prefix)
-        self._submitted = submitted_channel(key_prefix)
 
     def finished(self, job_ids: Sequence[str]) -> None:
         """Announce each job on its own channel, all in one round trip."""
@@ -67,9 +67,9 @@ class JobEvents:
         except RedisError as exc:
             log.warning("could not announce %d finished jobs: %s", len(job_ids), exc)
 
-    def submitted(self, job_ids: Sequence[str]) -> None:
-        """Offer single jobs, just published, to every worker."""
-        self._publish(self._submitted, job_ids)
+    def submitted(self, job_ids: Sequence[str], *, model: str) -> None:
+        """Offer single jobs, just published, to every worker of the served model `model`."""
+        self._publish(submitted_channel(self._key_prefix, model), job_ids)
 
     def cancelled(self, job_ids: Sequence[str]) -> None:
         """Tell every worker (one message for all) and wake whoever waits on each job."""

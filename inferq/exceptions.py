@@ -18,6 +18,13 @@ class NotFound(InferqError):
     """No such object."""
 
 
+class ModelNotFound(NotFound):
+    """No worker has ever registered a model of that name."""
+
+    code = "model_not_found"
+    param = "model"
+
+
 class InvalidRequest(InferqError):
     """The request is invalid."""
 

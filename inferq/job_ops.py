@@ -8,14 +8,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from inferq.celery_app import JobPublisher
-from inferq.constants import INTERACTIVE_QUEUE
 from inferq.db.jobs import JobStore, NewJob
 from inferq.db.store import Page
 from inferq.events import JobEvents
 from inferq.exceptions import BrokerUnavailable, InferqError, NotFound, RetryLater
 from inferq.jobs import Job, JobStatus
 from inferq.public import job_json
-from inferq.queues import QueueMonitor
+from inferq.queues import QueueMonitor, interactive_queue
 
 log = logging.getLogger(__name__)
 
@@ -48,37 +47,50 @@ class JobOperations:
     def submit(self, new_jobs: Sequence[NewJob]) -> list[Job | InferqError]:
         """Write these jobs in one transaction and publish them together.
 
-        Returns each one's job, or the error that refused it: all are refused while the
-        interactive queue is over its high-water mark. A job whose publish fails is kept
-        (maintenance publishes it once Redis is back).
+        Returns each one's job, or the error that refused it: a model's jobs are refused
+        while its interactive queue is over its high-water mark. A job whose publish fails
+        is kept (maintenance publishes it once Redis is back).
         """
-        depth = self._queues.depth(INTERACTIVE_QUEUE)
-        if depth >= self._high_water:
+        outcome: list[Job | InferqError | None] = [None] * len(new_jobs)
+        accepted: list[int] = []
+        for model in {new.spec.served_by for new in new_jobs}:
+            depth = self._queues.depth(interactive_queue(model))
+            picked = [i for i, new in enumerate(new_jobs) if new.spec.served_by == model]
+            if depth < self._high_water:
+                accepted += picked
+                continue
             full = RetryLater(
-                f"the interactive queue holds {depth} jobs, over its limit of "
+                f"the interactive queue of {model} holds {depth} jobs, over its limit of "
                 f"{self._high_water}: retry later, or send bulk work as a batch file "
                 "(/v1/batches), which is always accepted",
                 retry_after_s=QUEUE_FULL_RETRY_S,
                 code="queue_full",
             )
-            return [full] * len(new_jobs)
+            for i in picked:
+                outcome[i] = full
+        accepted.sort()
         jobs = self.store.submit_jobs(
-            new_jobs,
-            queue=INTERACTIVE_QUEUE,
+            [new_jobs[i] for i in accepted],
+            queue=lambda spec: interactive_queue(spec.served_by),
             requeue_after_s=self._requeue_after_s,
             respond=self._respond,
         )
-        ids = [job.id for job in jobs]
-        try:
-            self._publisher.publish_interactive(ids)
-        except BrokerUnavailable as exc:
-            log.warning("%d jobs are stored but not yet published: %s", len(ids), exc.message)
-            self.store.mark_unpublished(ids)
-        else:
-            self._events.submitted(ids)
+        for i, job in zip(accepted, jobs, strict=True):
+            outcome[i] = job
+        by_model: dict[str, list[str]] = {}
+        for i, job in zip(accepted, jobs, strict=True):
+            by_model.setdefault(new_jobs[i].spec.served_by, []).append(job.id)
+        for model, ids in by_model.items():
+            try:
+                self._publisher.publish_interactive(ids, queue=interactive_queue(model))
+            except BrokerUnavailable as exc:
+                log.warning("%d jobs are stored but not yet published: %s", len(ids), exc.message)
+                self.store.mark_unpublished(ids)
+            else:
+                self._events.submitted(ids, model=model)
         for job in jobs:
             log.info("accepted job %s", job.id, extra={"job_id": job.id, "tenant": job.tenant})
-        return list(jobs)
+        return [item for item in outcome if item is not None]
 
     def get_many(self, reads: Sequence[tuple[str, str | None]]) -> list[Job | InferqError]:
         """Jobs by `(id, scope)` in one query, in order; `NotFound` for an id that does not

@@ -58,6 +58,15 @@ class SamplingParams:
     # {"type": "required"} (a JSON array of calls) or {"type": "function", "name": ...}
     # (the output is that function's arguments). None: the output is text.
     tool_choice: Mapping[str, Any] | None = None
+    # An embedding job (runner `pooling`): {"input_lengths": [...], "dimensions": int | None,
+    # "encoding_format": "float" | "base64"}. Its inputs' token ids are concatenated in
+    # `prompt_token_ids`, split by `input_lengths`; `max_tokens` is 1 and means nothing.
+    pooling: Mapping[str, Any] | None = None
+
+    @property
+    def sequences(self) -> int:
+        """Engine sequences the request takes: one per completion, or one per input."""
+        return len(self.pooling["input_lengths"]) if self.pooling is not None else self.n
 
     def to_dict(self) -> dict[str, Any]:
         # Not `dataclasses.asdict`: its deep copy is most of the cost of storing a batch line.
@@ -102,6 +111,13 @@ class JobSpec:
     priority: int = 0
     # Tokens go to Redis as they are generated, for whoever follows the job live.
     stream: bool = False
+    # The served model whose workers run it, when `model` is one of its LoRA adapters.
+    base: str | None = None
+
+    @property
+    def served_by(self) -> str:
+        """The served model whose queues carry this job."""
+        return self.base or self.model
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,6 +204,9 @@ class JobResult:
 
     choices: tuple[Choice, ...]
     prompt_tokens: int
+    # An embedding job's vectors: float32, little-endian, one per input in input order,
+    # concatenated (each is len(embedding) / 4 / inputs floats).
+    embedding: bytes | None = None
 
     @property
     def completion_tokens(self) -> int:
@@ -235,6 +254,7 @@ class ClaimedJob:
     """What a worker needs to run a job it has just claimed."""
 
     id: str
+    model: str
     prompt_token_ids: list[int]
     sampling: SamplingParams
     created_at: datetime

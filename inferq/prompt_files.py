@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inferq.batches import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
+from inferq.batches import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, ENDPOINTS
 from inferq.exceptions import InvalidRequest
 
 MAX_LISTED_PROBLEMS = 100
@@ -57,7 +57,7 @@ def prepare(source: Path, defaults: Defaults, *, workdir: Path) -> InputFile:
     parsed = _json_object(first)
     if parsed is not None and {"custom_id", "body"} <= set(parsed):
         url = parsed.get("url")
-        if url not in (CHAT_ENDPOINT, COMPLETIONS_ENDPOINT):
+        if url not in ENDPOINTS:
             raise BadInput([f"{source}: line 1 has url {url!r}, not a batch endpoint"])
         return InputFile(source, str(url), _count_lines(source))
     target = workdir / f"{source.stem}.batch.jsonl"

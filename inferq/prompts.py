@@ -16,6 +16,8 @@ class _Tokenizer(Protocol):  # the slice of a Hugging Face tokenizer used here
 
     def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
 
+    def __len__(self) -> int: ...
+
 
 class PromptRenderer:
     """Tokenizes prompts with the model's tokenizer and renders chat messages with its
@@ -44,9 +46,18 @@ class PromptRenderer:
                 raise InvalidRequest(f"cannot tell the context length of {name}: set max_model_len")
         return cls(tokenizer, context_len=context_len)
 
+    def use_chat_template(self, template: str) -> None:
+        """Render chats with `template` instead of the tokenizer's own."""
+        self._tokenizer.chat_template = template
+
     @property
     def has_chat_template(self) -> bool:
         return bool(self._tokenizer.chat_template)
+
+    @property
+    def vocab_size(self) -> int:
+        """How many token ids there are, added tokens included: valid ids are below it."""
+        return len(self._tokenizer)
 
     def _encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         if self._backend is not None:

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from inferq.batches import Batch, BatchStatus
+from inferq.embeddings import embedding_vectors
 from inferq.jobs import Choice, Job, JobStatus
 
 
@@ -73,6 +74,12 @@ class JobPublic(BaseModel):
     priority: int = Field(description="Lower runs first; 0 is the default.")
     stream: bool = Field(description="Whether its tokens are sent on as they are generated.")
     choices: list[ChoicePublic] | None = Field(description="The output, once succeeded.")
+    embeddings: list[list[float]] | None = Field(
+        None,
+        description="An embedding job's vectors, one per input in input order, once it "
+        "has succeeded (absent for other jobs).",
+        exclude_if=lambda value: value is None,
+    )
     usage: Usage | None
     error: JobErrorPublic | None
     batch_id: str | None = Field(None, description="The batch this job is a line of.")
@@ -104,6 +111,9 @@ class JobPublic(BaseModel):
             choices=None
             if result is None
             else [ChoicePublic.from_choice(c) for c in result.choices],
+            embeddings=None
+            if result is None or result.embedding is None or job.sampling.pooling is None
+            else embedding_vectors(result.embedding, job.sampling.pooling),
             usage=usage,
             error=None if job.error is None else JobErrorPublic(**job.error.to_dict()),
             batch_id=job.batch_id,

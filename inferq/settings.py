@@ -10,6 +10,8 @@ from pydantic import ByteSize, Field, SecretStr, field_validator, model_validato
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_MODEL = "hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4"
+# vLLM 0.32 sizes its LoRA buffers for these ranks only (vllm/config/lora.py).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 class Settings(BaseSettings):
@@ -99,6 +101,23 @@ class Settings(BaseSettings):
     fault_kill_engine_seed: int | None = Field(
         None,
         description="Testing only: a request with this seed kills the engine (fault injection).",
+    )
+    runner: Literal["generate", "pooling"] = Field(
+        "generate",
+        description="`generate` serves completions; `pooling` serves embeddings (`/v1/embeddings`) "
+        "through vLLM's pooling runner.",
+    )
+    lora_adapters: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="LoRA adapters of the model, each served as its own model name: "
+        "`name=path-or-hf-id` pairs, comma-separated (or a JSON object).",
+    )
+    max_loras: int = Field(4, ge=1, description="Most LoRA adapters in one engine step.")
+    max_lora_rank: int = Field(
+        16,
+        description="Largest LoRA rank an adapter may have: "
+        + ", ".join(map(str, LORA_RANKS))
+        + " (what vLLM allows).",
     )
     engine: Literal["vllm", "instant"] = Field(
         "vllm",
@@ -274,6 +293,36 @@ class Settings(BaseSettings):
             return json.loads(value) if value.strip() else {}
         return value
 
+    @field_validator("lora_adapters", mode="before")
+    @classmethod
+    def _name_value_pairs(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        if value.strip().startswith("{"):
+            return json.loads(value)
+        pairs = {}
+        for part in (p.strip() for p in value.split(",")):
+            name, sep, path = part.partition("=")
+            if part and (not sep or not name.strip() or not path.strip()):
+                raise ValueError(f"{part!r} is not name=path")
+            if part:
+                pairs[name.strip()] = path.strip()
+        return pairs
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _lora_rank(cls, value: int) -> int:
+        if value not in LORA_RANKS:
+            raise ValueError(f"must be one of {', '.join(map(str, LORA_RANKS))}")
+        return value
+
+    @field_validator("served_model_name")
+    @classmethod
+    def _plain_name(cls, value: str | None) -> str | None:
+        if value is not None and ("," in value or not value.strip()):
+            raise ValueError("a served model name must not be empty or hold a comma")
+        return value
+
     @field_validator("webhook_allowed_networks", "webhook_retry_schedule_s", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
@@ -306,6 +355,18 @@ class Settings(BaseSettings):
                 f"INFERQ_VISIBILITY_TIMEOUT_S is {self.visibility_timeout_s}, but must be at least "
                 f"{floor:g} (4 leases, 2 drain timeouts and 2 engine step timeouts)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _adapters_named_apart(self) -> Settings:
+        for name in self.lora_adapters:
+            if name == self.model_name or "," in name:
+                raise ValueError(
+                    f"INFERQ_LORA_ADAPTERS: adapter name {name!r} must differ from the model's "
+                    "served name and hold no comma"
+                )
+        if self.lora_adapters and self.runner == "pooling":
+            raise ValueError("INFERQ_LORA_ADAPTERS needs INFERQ_RUNNER=generate")
         return self
 
     @model_validator(mode="after")

@@ -143,6 +143,7 @@ class JobValidator:
         renderer: PromptRenderer,
         *,
         model_name: str,
+        base: str | None = None,
         default_max_tokens: int,
         max_n: int,
         max_tokens_cap: int,
@@ -150,6 +151,7 @@ class JobValidator:
     ) -> None:
         self._renderer = renderer
         self.model_name = model_name
+        self._base = base
         self._default_max_tokens = min(default_max_tokens, max_tokens_cap)
         self._max_n = max_n
         self._max_tokens_cap = max_tokens_cap
@@ -267,6 +269,7 @@ class JobValidator:
         )
         return JobSpec(
             model=self.model_name,
+            base=self._base,
             prompt=prepared.prompt,
             messages=prepared.messages,
             prompt_token_ids=token_ids,

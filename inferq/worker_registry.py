@@ -22,6 +22,9 @@ class WorkerStatus:
 
     name: str
     model: str
+    # `generate` or `pooling` (embeddings), and the LoRA adapters it serves on `model`.
+    runner: str = "generate"
+    adapters: list[str] = field(default_factory=list)
     gpus: list[str] = field(default_factory=list)
     started_at: str
     jobs_held: int

@@ -21,6 +21,8 @@ class EngineRequest:
     created_at: datetime | None = None
     # vLLM's priority: lower is scheduled first (see inferq.jobs.engine_priority).
     priority: int = 0
+    # The model the job named: the served model, or one of its LoRA adapters.
+    model: str | None = None
     # Report its new tokens after every step (`Engine.deltas`), not only its result.
     stream: bool = False
 

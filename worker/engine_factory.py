@@ -16,6 +16,10 @@ def build_engine(settings: Settings) -> Engine:
         from worker.instant_engine import InstantEngine
 
         return InstantEngine()
+    if settings.runner == "pooling":
+        from worker.vllm_pooling import VllmPoolingEngine
+
+        return VllmPoolingEngine.from_settings(settings)
     from worker.vllm_engine import VllmEngine
 
     return VllmEngine.from_settings(settings)

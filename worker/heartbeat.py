@@ -17,11 +17,20 @@ log = logging.getLogger(__name__)
 
 class Heartbeat:
     def __init__(
-        self, registry: WorkerRegistry, *, runtime: EngineRuntime, model: str, gpus: list[str]
+        self,
+        registry: WorkerRegistry,
+        *,
+        runtime: EngineRuntime,
+        model: str,
+        runner: str,
+        adapters: list[str],
+        gpus: list[str],
     ) -> None:
         self._registry = registry
         self._runtime = runtime
         self._model = model
+        self._runner = runner
+        self._adapters = adapters
         self._gpus = gpus
         self._started_at = datetime.now(UTC).isoformat()
         self._stopping = threading.Event()
@@ -46,6 +55,8 @@ class Heartbeat:
         status = WorkerStatus(
             name=self._runtime.worker_name,
             model=self._model,
+            runner=self._runner,
+            adapters=self._adapters,
             gpus=self._gpus,
             started_at=self._started_at,
             jobs_held=self._runtime.held,

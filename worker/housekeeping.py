@@ -3,6 +3,7 @@ maintenance and batch finalization; and `inferq beat`, which schedules maintenan
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -28,6 +29,7 @@ from inferq.db.files import FileStore
 from inferq.db.jobs import JobStore
 from inferq.db.migrate import check_schema
 from inferq.db.retention import RetentionStore
+from inferq.db.served_models import ModelStore
 from inferq.db.webhooks import WebhookStore
 from inferq.events import JobEvents
 from inferq.public import batch_json, job_json
@@ -73,6 +75,11 @@ def _renderer(jobs: JobStore, batches: BatchStore):  # type: ignore[no-untyped-d
     return render
 
 
+def _bases(models: ModelStore) -> set[str]:
+    """The served models whose queues maintenance watches."""
+    return {model.base for model in models.all()}
+
+
 def run_housekeeper(settings: Settings, *, name: str | None = None) -> None:
     check_schema(settings.database_url)
     sessions = make_sessions(
@@ -95,8 +102,7 @@ def run_housekeeper(settings: Settings, *, name: str | None = None) -> None:
     batches = BatchOperations(
         files=FileStore(sessions),
         batches=batch_store,
-        validator=None,
-        model_name=settings.model_name,
+        models=None,
         publisher=publisher,
         events=JobEvents(redis, key_prefix=settings.redis_key_prefix),
         max_lines=settings.max_batch_lines,
@@ -116,6 +122,7 @@ def run_housekeeper(settings: Settings, *, name: str | None = None) -> None:
             job_retention_s=settings.job_retention_s,
             webhook_retention_s=settings.webhook_retention_s,
         ),
+        served_models=functools.partial(_bases, ModelStore(sessions)),
     )
     register_housekeeping_tasks(app, maintenance, batches, sender)
     app.worker_main(

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from inferq.embeddings import FLOAT32_BYTES
 from inferq.jobs import Choice, JobResult
 from inferq.token_stream import ChoiceDelta, JobDelta
 from worker.engine import EngineRequest, Finished
 
+# The length of the zero vectors it answers embeddings with.
+PLACEHOLDER_DIMENSIONS = 8
+
 
 class InstantEngine:
-    """Finishes every request on the next step with `max_tokens` placeholder tokens."""
+    """Finishes every request on the next step with `max_tokens` placeholder tokens (an
+    embedding with zero vectors)."""
 
     def __init__(self) -> None:
         self._pending: dict[str, EngineRequest] = {}
@@ -21,24 +26,7 @@ class InstantEngine:
         self._pending[request.job_id] = request
 
     def step(self) -> list[Finished]:
-        done = [
-            Finished(
-                job_id=r.job_id,
-                result=JobResult(
-                    choices=tuple(
-                        Choice(
-                            index=i,
-                            text="x" * r.sampling.max_tokens,
-                            finish_reason="length",
-                            completion_tokens=r.sampling.max_tokens,
-                        )
-                        for i in range(r.sampling.n)
-                    ),
-                    prompt_tokens=len(r.prompt_token_ids),
-                ),
-            )
-            for r in self._pending.values()
-        ]
+        done = [Finished(job_id=r.job_id, result=_result(r)) for r in self._pending.values()]
         self._deltas = [_whole(f) for f in done if self._pending[f.job_id].stream]
         self._pending.clear()
         return done
@@ -56,6 +44,30 @@ class InstantEngine:
 
     def kv_cache_usage(self) -> float | None:
         return None
+
+
+def _result(request: EngineRequest) -> JobResult:
+    """`max_tokens` placeholder tokens per choice; for an embedding, a zero vector per input."""
+    sampling = request.sampling
+    if sampling.pooling is not None:
+        inputs = len(sampling.pooling["input_lengths"])
+        return JobResult(
+            choices=(),
+            prompt_tokens=len(request.prompt_token_ids),
+            embedding=bytes(PLACEHOLDER_DIMENSIONS * FLOAT32_BYTES * inputs),
+        )
+    return JobResult(
+        choices=tuple(
+            Choice(
+                index=i,
+                text="x" * sampling.max_tokens,
+                finish_reason="length",
+                completion_tokens=sampling.max_tokens,
+            )
+            for i in range(sampling.n)
+        ),
+        prompt_tokens=len(request.prompt_token_ids),
+    )
 
 
 def _whole(finished: Finished) -> JobDelta:

@@ -20,10 +20,13 @@ class JobEventListener:
     caught later by lease renewal, which drops jobs this worker no longer holds; a missed
     offer costs only latency (the job's message brings it)."""
 
-    def __init__(self, redis: Redis, *, key_prefix: str, runtime: EngineRuntime) -> None:
+    def __init__(
+        self, redis: Redis, *, key_prefix: str, model: str, runtime: EngineRuntime
+    ) -> None:
+        """Offers are heard only for `model`, the served model this worker runs."""
         self._redis = redis
         self._cancel = cancel_channel(key_prefix)
-        self._submitted = submitted_channel(key_prefix)
+        self._submitted = submitted_channel(key_prefix, model)
         self._runtime = runtime
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="job-events", daemon=True)

@@ -166,7 +166,7 @@ class EngineLoop:
             self._on_tokens([RunStarted(job_id=request.job_id)])
         now = datetime.now(UTC)
         self._in_flight[request.job_id] = _InFlight(request, now)
-        self._sequences += request.sampling.n
+        self._sequences += request.sampling.sequences
         self._metrics.jobs_admitted.inc()
         if request.created_at is not None and request.job_id not in self._deaths:
             self._metrics.queue_wait.observe((now - request.created_at).total_seconds())
@@ -185,7 +185,10 @@ class EngineLoop:
                 continue
             self._forget(item.job_id)
             result = item.result
-            reason = (result.choices[0].finish_reason if result.choices else None) or "unknown"
+            if result.embedding is not None:
+                reason = "embedded"
+            else:
+                reason = (result.choices[0].finish_reason if result.choices else None) or "unknown"
             self._metrics.jobs_finished.labels("succeeded", reason).inc()
             self._metrics.prompt_tokens.inc(result.prompt_tokens)
             self._metrics.generation_tokens.inc(result.completion_tokens)
@@ -215,7 +218,7 @@ class EngineLoop:
     def _drop(self, job_id: str) -> _InFlight | None:
         entry = self._in_flight.pop(job_id, None)
         if entry is not None:
-            self._sequences -= entry.request.sampling.n
+            self._sequences -= entry.request.sampling.sequences
         return entry
 
     def _forget(self, job_id: str) -> None:

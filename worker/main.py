@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import threading
 from collections.abc import Callable
@@ -13,14 +14,15 @@ from prometheus_client import start_http_server
 from redis import Redis
 
 from inferq.celery_app import JobPublisher, make_celery
-from inferq.constants import GPU_QUEUES
 from inferq.db.batches import BatchStore
 from inferq.db.engine import make_engine, make_sessions
 from inferq.db.jobs import JobStore
 from inferq.db.migrate import check_schema
+from inferq.db.served_models import ModelStore
 from inferq.events import JobEvents
 from inferq.exceptions import InferqError
 from inferq.preflight import engine_settings
+from inferq.queues import gpu_queues
 from inferq.settings import Settings
 from inferq.token_stream import TokenStreamWriter
 from inferq.worker_registry import WorkerRegistry
@@ -28,6 +30,7 @@ from worker.engine_factory import build_engine
 from worker.heartbeat import Heartbeat
 from worker.job_events import JobEventListener
 from worker.metrics import WorkerMetrics, gpu_names, register_gpu_collector
+from worker.registration import served_models
 from worker.runtime import EngineRuntime
 from worker.tasks import register_gpu_tasks
 from worker.token_publisher import TokenPublisher
@@ -37,8 +40,10 @@ log = logging.getLogger(__name__)
 EXIT_ENGINE_LOST = 70
 
 
-def default_worker_name() -> str:
-    return f"gpu-{os.getpid()}@{socket.gethostname()}"
+def default_worker_name(model: str) -> str:
+    """`gpu-<model>-<pid>@<host>`: Flower and the logs show which model a worker serves."""
+    plain = re.sub(r"[^A-Za-z0-9_.-]+", "-", model.rsplit("/", 1)[-1])
+    return f"gpu-{plain}-{os.getpid()}@{socket.gethostname()}"
 
 
 def _die(exc: BaseException) -> None:
@@ -78,7 +83,7 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
     if settings.worker_metrics_port:
         # First, so a port clash fails in a second, not after the model has loaded.
         _serve_metrics(settings.worker_metrics_port)
-    worker_name = name or default_worker_name()
+    worker_name = name or default_worker_name(settings.model_name)
     sessions = make_sessions(make_engine(settings.database_url, pool_size=4))
     publisher = JobPublisher.from_settings(settings)
     store = JobStore(sessions, on_webhooks=publisher.publish_webhooks)
@@ -105,8 +110,12 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
         on_batch_lines_done=_batch_finisher(BatchStore(sessions), publisher),
         on_tokens=tokens.put,
     )
-    cancels = JobEventListener(redis, key_prefix=settings.redis_key_prefix, runtime=runtime)
-    app = make_celery(settings)
+    model = settings.model_name
+    cancels = JobEventListener(
+        redis, key_prefix=settings.redis_key_prefix, model=model, runtime=runtime
+    )
+    queues = gpu_queues(model)
+    app = make_celery(settings, serving=model)
     # SIGINT/SIGQUIT (cold shutdown) wait as long as the drain does before cancelling.
     app.conf.worker_soft_shutdown_timeout = settings.drain_timeout_s
     register_gpu_tasks(app, runtime)
@@ -124,19 +133,30 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
     heartbeat = Heartbeat(
         WorkerRegistry(redis, key_prefix=settings.redis_key_prefix),
         runtime=runtime,
-        model=settings.model_name,
+        model=model,
+        runner=settings.runner,
+        adapters=sorted(settings.lora_adapters),
         gpus=gpu_names(),
     )
     heartbeat.start()
+    # The API accepts these names from now on; their jobs wait in the queues until taken.
+    served = served_models(settings, engine)
+    ModelStore(sessions).register(served)
+    metrics.serving(served, worker=worker_name)
     metrics.ready.set(1)
-    log.info("GPU worker %s ready: consuming %s", worker_name, ",".join(GPU_QUEUES))
+    log.info(
+        "GPU worker %s ready: serving %s, consuming %s",
+        worker_name,
+        ", ".join(m.name for m in served),
+        ",".join(queues),
+    )
     try:
         app.worker_main(
             [
                 "worker",
                 "--pool=threads",
                 f"--concurrency={settings.effective_worker_concurrency}",
-                f"--queues={','.join(GPU_QUEUES)}",
+                f"--queues={','.join(queues)}",
                 f"--hostname={worker_name}",
                 f"--loglevel={settings.log_level}",
                 "--without-mingle",

@@ -24,7 +24,7 @@ import base64
 import json
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import cast
@@ -34,9 +34,7 @@ from redis import Redis
 from inferq.batch_ops import BatchOperations
 from inferq.celery_app import JobPublisher
 from inferq.constants import (
-    BULK_QUEUE,
     EPOCH_KEY,
-    GPU_QUEUES,
     MAINTENANCE_LAST_RUN_KEY,
     MAINTENANCE_LOCK_KEY,
     RETENTION_PASSES_KEPT,
@@ -44,6 +42,7 @@ from inferq.constants import (
 )
 from inferq.db.jobs import DueJob, JobStore
 from inferq.db.store import utcnow
+from inferq.queues import gpu_queues, is_bulk
 from worker.retention import Retention
 
 log = logging.getLogger(__name__)
@@ -74,6 +73,7 @@ class Maintenance:
         batches: BatchOperations | None = None,
         webhooks_due: Callable[[], bool] | None = None,
         retention: Retention | None = None,
+        served_models: Callable[[], Iterable[str]] = tuple,
         lock_s: int = 300,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
@@ -91,6 +91,7 @@ class Maintenance:
         self._batches = batches
         self._webhooks_due = webhooks_due
         self._retention = retention
+        self._served_models = served_models
         self._retention_key = key_prefix + RETENTION_PASSES_KEY
 
     def run_once(self) -> MaintenanceReport:
@@ -123,7 +124,8 @@ class Maintenance:
             due += batch
             if len(batch) < BATCH_LIMIT:
                 break
-        for queue in GPU_QUEUES:
+        queues = [queue for model in self._served_models() for queue in gpu_queues(model)]
+        for queue in queues:
             horizon = self._delivered_before(queue)
             if horizon is not None:
                 due += self._store.take_stranded(
@@ -172,10 +174,14 @@ class Maintenance:
         return self._store.published_at(job_ids) if job_ids else None
 
     def _publish(self, jobs: Sequence[DueJob]) -> None:
-        bulk = [j.id for j in jobs if j.queue == BULK_QUEUE]
-        interactive = [j.id for j in jobs if j.queue != BULK_QUEUE]
-        self._publisher.publish_interactive(interactive)
-        self._publisher.publish_bulk(bulk)
+        by_queue: dict[str, list[str]] = {}
+        for job in jobs:
+            by_queue.setdefault(job.queue, []).append(job.id)
+        for queue, ids in by_queue.items():
+            if is_bulk(queue):
+                self._publisher.publish_bulk(ids, queue=queue)
+            else:
+                self._publisher.publish_interactive(ids, queue=queue)
 
 
 def _job_ids(raw: bytes | str) -> list[str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
@@ -11,6 +11,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from inferq.host import NvmlUnavailable, gpus
+from inferq.served_models import ServedModel
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +77,19 @@ class WorkerMetrics:
             "1 once the engine is loaded and the worker consumes.",
             registry=registry,
         )
+        self.served_model = Gauge(
+            "inferq_served_model",
+            "1 for each model name this worker serves (its model and its LoRA adapters).",
+            ["worker", "model", "base", "runner"],
+            registry=registry,
+        )
         self.kv_cache_usage = Gauge(
             "inferq_kv_cache_usage_ratio", "Fraction of the KV cache in use.", registry=registry
         )
+
+    def serving(self, models: Sequence[ServedModel], *, worker: str) -> None:
+        for model in models:
+            self.served_model.labels(worker, model.name, model.base, model.runner).set(1)
 
 
 class GpuCollector(Collector):

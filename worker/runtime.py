@@ -241,6 +241,7 @@ class EngineRuntime:
             [
                 EngineRequest(
                     job_id=job.id,
+                    model=job.model,
                     prompt_token_ids=job.prompt_token_ids,
                     sampling=job.sampling,
                     created_at=job.created_at,

@@ -7,8 +7,9 @@ from typing import Any
 from celery import Celery
 from celery.exceptions import Reject
 
-from inferq.constants import INTERACTIVE_QUEUE, RUN_JOBS_TASK
+from inferq.constants import RUN_JOBS_TASK
 from inferq.exceptions import JobsReturned
+from inferq.queues import is_bulk
 from worker.runtime import EngineRuntime
 
 
@@ -20,7 +21,7 @@ def register_gpu_tasks(app: Celery, runtime: EngineRuntime) -> None:
         """Run the jobs a message carries; return once their outcomes are committed."""
         queue = (self.request.delivery_info or {}).get("routing_key")
         try:
-            runtime.run(job_ids, interactive=queue == INTERACTIVE_QUEUE)
+            runtime.run(job_ids, interactive=queue is None or not is_bulk(queue))
         except JobsReturned as exc:
             # Not acknowledged: the message goes back to Redis for another worker.
             raise Reject(exc.message, requeue=True) from exc

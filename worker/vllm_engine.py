@@ -1,28 +1,18 @@
-"""The vLLM engine adapter: the only module that imports vLLM.
-
-It drives the engine inside vLLM's offline `LLM` one step at a time (`add_request`,
-`step`), which is what lets the loop admit new work whenever a sequence finishes.
-
-vLLM's synchronous client notices a dead engine core but leaves a pending `step()`
-waiting forever (its output thread shuts down without waking the reader; seen with
-vllm 0.32), and nothing notices a core that hangs. A watchdog thread covers both: it
-wakes the reader with `EngineDeadError`, killing the core first if a step overran.
-"""
+"""The vLLM adapter for generation: completions and chats (streamed or not), logprobs,
+structured outputs, tool calls and LoRA adapters, on the stepped engine of
+worker/vllm_core.py."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import signal
-import threading
-import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vllm import LLM
 from vllm import SamplingParams as VllmSamplingParams
 from vllm.exceptions import VLLMClientError
+from vllm.lora.request import LoRARequest
 from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.exceptions import EngineDeadError
@@ -33,48 +23,13 @@ from inferq.settings import Settings
 from inferq.token_stream import ChoiceDelta, JobDelta
 from inferq.tool_calls import with_tool_calls
 from worker.engine import EngineRequest, Finished
-from worker.engine_output import HeldOutput, start_failure
+from worker.vllm_core import SteppedVllm, engine_args, missing_local_adapter, start_llm
 from worker.vllm_tools import AutoToolParser
 
 log = logging.getLogger(__name__)
 
 
-def engine_args(settings: Settings) -> dict[str, Any]:
-    """The keyword arguments for `vllm.LLM`, from settings."""
-    args: dict[str, Any] = {
-        "model": settings.model,
-        "tokenizer": settings.tokenizer_name,
-        "served_model_name": settings.model_name,
-        "gpu_memory_utilization": settings.gpu_memory_utilization,
-        "max_num_seqs": settings.engine_max_num_seqs,
-        # Single jobs go ahead of batch lines inside the engine (EngineRequest.priority),
-        # preempting them when the KV cache runs short.
-        "scheduling_policy": "priority",
-        "tensor_parallel_size": settings.tensor_parallel_size,
-        "dtype": settings.dtype,
-        "enable_prefix_caching": settings.enable_prefix_caching,
-        "enforce_eager": settings.enforce_eager,
-        "seed": settings.engine_seed,
-        # Engine stats feed the KV-cache metric and a throughput line in the log.
-        "disable_log_stats": False,
-    }
-    optional = {
-        "max_model_len": settings.max_model_len,
-        "max_num_batched_tokens": settings.max_num_batched_tokens,
-        "kv_cache_memory_bytes": (
-            None if settings.kv_cache_memory_bytes is None else int(settings.kv_cache_memory_bytes)
-        ),
-        "quantization": settings.quantization,
-    }
-    args.update({k: v for k, v in optional.items() if v is not None})
-    args.update(settings.engine_extra_args)
-    return args
-
-
-WATCH_INTERVAL_S = 0.5
-
-
-class VllmEngine:
+class VllmEngine(SteppedVllm):
     """vLLM's engine behind the `Engine` interface."""
 
     def __init__(
@@ -84,15 +39,20 @@ class VllmEngine:
         step_timeout_s: float,
         fault_kill_engine_seed: int | None = None,
         tool_call_parser: str | None = None,
+        served_name: str | None = None,
+        adapters: Mapping[str, str] | None = None,
     ) -> None:
-        self._llm = llm
-        self._engine = llm.llm_engine
-        self._step_timeout_s = step_timeout_s
+        """`served_name` and `adapters` are the model names this engine runs; a request for
+        another is refused (None: any name runs on the base model)."""
+        super().__init__(llm, step_timeout_s=step_timeout_s)
+        self._served_name = served_name
+        self._adapters = dict(adapters or {})
+        # vLLM tells adapters apart by id (from 1); one request each, reused by every job.
+        self._loras = {
+            name: LoRARequest(name, lora_int_id, path)
+            for lora_int_id, (name, path) in enumerate(self._adapters.items(), start=1)
+        }
         self._fault_seed = fault_kill_engine_seed
-        self._step_started: float | None = None
-        self._closed = threading.Event()
-        self._watchdog = threading.Thread(target=self._watch, name="engine-watchdog", daemon=True)
-        self._watchdog.start()
         # vLLM returns the sampled token's logprob beside the top k, so k is kept to tell
         # the alternatives from the sampled token.
         self._top_k_logprobs: dict[str, int] = {}
@@ -109,39 +69,48 @@ class VllmEngine:
     def from_settings(cls, settings: Settings) -> VllmEngine:
         """Load the model; `EngineStartFailed` with vLLM's reason in one line if it fails
         (its whole output goes to the debug log)."""
-        args = engine_args(settings)
-        log.info("loading %s into vLLM", settings.model, extra={"engine_args": args})
-        failure: Exception | None = None
-        with HeldOutput() as output:
-            try:
-                llm = LLM(**args)
-            except Exception as exc:  # noqa: BLE001  # any failure: said in one line below
-                failure = exc
-        if failure is not None:
-            held = output.text()
-            log.debug("vLLM's output while starting:\n%s", held, exc_info=failure)
-            raise EngineStartFailed(
-                f"vLLM could not start {settings.model}: {start_failure(failure, held)} "
-                "(`inferq doctor` checks this host; INFERQ_LOG_LEVEL=DEBUG shows vLLM's output)"
-            ) from failure
-        output.release()
-        return cls(
+        missing = missing_local_adapter(settings.lora_adapters)
+        if missing is not None:
+            raise EngineStartFailed(missing)
+        llm = start_llm(engine_args(settings), model=settings.model)
+        engine = cls(
             llm,
             step_timeout_s=settings.engine_step_timeout_s,
             fault_kill_engine_seed=settings.fault_kill_engine_seed,
             tool_call_parser=settings.tool_call_parser,
+            served_name=settings.model_name,
+            adapters=settings.lora_adapters,
         )
+        engine._load_adapters()
+        return engine
 
-    @property
-    def max_model_len(self) -> int:
-        return int(self._engine.model_config.max_model_len)
+    def _load_adapters(self) -> None:
+        """Load every adapter now: `EngineStartFailed` (the engine closed) for one vLLM
+        cannot load, which would otherwise kill the engine core at its first job."""
+        for lora in self._loras.values():
+            try:
+                self._engine.add_lora(lora)
+            except Exception as exc:  # vLLM says why in its own words
+                self.close()
+                reason = " ".join(str(exc).split())[:400]
+                raise EngineStartFailed(
+                    f"INFERQ_LORA_ADAPTERS: vLLM could not load adapter {lora.lora_name!r} "
+                    f"from {lora.lora_path}: {reason}"
+                ) from exc
+
+    def served_adapters(self) -> dict[str, str]:
+        """The LoRA adapters served besides the model: name -> path or Hugging Face id."""
+        return dict(self._adapters)
 
     def add(self, request: EngineRequest) -> None:
+        lora = self._lora_of(request.model)
         try:
             self._engine.add_request(
                 request.job_id,
                 {"prompt_token_ids": request.prompt_token_ids},
                 _sampling_params(request.sampling, stream=request.stream),
+                # Adapter and base jobs share the engine's steps.
+                lora_request=lora,
                 priority=request.priority,
             )
         except EngineDeadError as exc:
@@ -163,14 +132,22 @@ class VllmEngine:
             log.warning("fault hook: request %s kills the engine core", request.job_id)
             self._kill_core()
 
+    def _lora_of(self, model: str | None) -> LoRARequest | None:
+        """The adapter a job named, or None for the base; `RequestRejected` for a name this
+        worker does not serve (its adapters may differ from the worker that registered)."""
+        if model is None or model == self._served_name:
+            return None
+        lora = self._loras.get(model)
+        if lora is None and self._served_name is not None:
+            raise RequestRejected(
+                f"this worker serves {self._served_name!r} and adapters "
+                f"{sorted(self._loras) or 'none'}, not {model!r}: give every worker of a "
+                "model the same INFERQ_LORA_ADAPTERS"
+            )
+        return lora
+
     def step(self) -> list[Finished]:
-        self._step_started = time.monotonic()
-        try:
-            outputs = self._engine.step()
-        except EngineDeadError as exc:
-            raise EngineError(f"vLLM's engine died: {exc}") from exc
-        finally:
-            self._step_started = None
+        outputs = self._step_outputs()
         finished: list[Finished] = []
         self._deltas = []
         for output in outputs:
@@ -201,45 +178,7 @@ class VllmEngine:
             self._top_k_logprobs.pop(job_id, None)
             self._streams.pop(job_id, None)
             self._tool_choices.pop(job_id, None)
-        try:
-            self._engine.abort_request(list(job_ids))
-        except EngineDeadError as exc:
-            raise EngineError(str(exc)) from exc
-
-    def kv_cache_usage(self) -> float | None:
-        for metric in self._engine.get_metrics():
-            if metric.name == "vllm:kv_cache_usage_perc":
-                return float(metric.value)
-        return None
-
-    def close(self) -> None:
-        self._closed.set()
-        self._engine.engine_core.shutdown()
-
-    def _core_processes(self) -> list[Any]:
-        manager = getattr(self._engine.engine_core.resources, "engine_manager", None)
-        return list(getattr(manager, "processes", ()))
-
-    def _kill_core(self) -> None:
-        for process in self._core_processes():
-            if process.pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(process.pid, signal.SIGKILL)
-
-    def _watch(self) -> None:
-        core = self._engine.engine_core
-        if not hasattr(core, "resources"):  # in-process core: nothing to watch
-            return
-        while not self._closed.wait(WATCH_INTERVAL_S):
-            started = self._step_started
-            if started is not None and time.monotonic() - started > self._step_timeout_s:
-                log.error("an engine step has run %.0f s: the engine hangs", self._step_timeout_s)
-                self._kill_core()
-                core.resources.engine_dead = True
-            if core.resources.engine_dead:
-                # Wake a step() blocked on the output queue (and fail the next one).
-                core.outputs_queue.put_nowait(EngineDeadError())
-                return
+        self._abort_requests(list(job_ids))
 
 
 def _sampling_params(params: SamplingParams, *, stream: bool) -> VllmSamplingParams:

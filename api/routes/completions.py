@@ -17,12 +17,12 @@ from fastapi.responses import JSONResponse
 from api.deps import PrincipalDep, Services, ServicesDep
 from api.errors import error_responses
 from api.streams import event_stream, holds_output, openai_chunks
-from api.submission import cancel_abandoned, checked, submit
-from api.waiter import ReadJob
+from api.submission import cancel_abandoned, checked, submit, until_ended
 from inferq.api_keys import Principal
 from inferq.constants import JOB_ID_HEADER
 from inferq.exceptions import InvalidState, JobFailed
 from inferq.jobs import Job, JobSpec, JobStatus
+from inferq.model_catalog import CatalogModel
 from inferq.openai_bodies import ChatBody, CompletionBody, prepare_body
 from inferq.openai_format import completion_body
 
@@ -33,7 +33,7 @@ _RESPONSES = {
         "description": "The completion; with `stream: true`, Server-Sent Events of chunks.",
         "content": {"application/json": {}, "text/event-stream": {}},
     },
-    **error_responses(409, 413, 422),
+    **error_responses(404, 409, 413, 422),
 }
 
 
@@ -67,7 +67,7 @@ async def _complete(
     principal: Principal,
     request: Request,
 ) -> Response:
-    spec = await checked(prompt_chars, functools.partial(_spec, services, body))
+    spec = await checked(services, body.model, prompt_chars, functools.partial(_spec, body))
     job = await submit(services, principal, spec)
     headers = {JOB_ID_HEADER: job.id}
     scope = principal.scope
@@ -83,25 +83,15 @@ async def _complete(
         )
         hangup = functools.partial(cancel_abandoned, services, job.id, scope=scope)
         return event_stream(chunks, on_hangup=hangup, headers=headers)
-    job = await _ended(job, read=read, services=services, request=request, scope=scope)
+    job = await until_ended(job, read=read, services=services, request=request, scope=scope)
     return JSONResponse(_completion(job, chat=chat), headers=headers)
 
 
-def _spec(services: Services, body: ChatBody | CompletionBody) -> JobSpec:
-    validator = services.validator
+def _spec(body: ChatBody | CompletionBody, model: CatalogModel) -> JobSpec:
+    validator = model.validator
     prepared = prepare_body(validator, body)
     [token_ids] = validator.encode([prepared])
     return dataclasses.replace(validator.finish(prepared, token_ids), stream=body.stream)
-
-
-async def _ended(
-    job: Job, *, read: ReadJob, services: Services, request: Request, scope: str | None
-) -> Job:
-    """The job once it has ended; if the client hangs up first, it is cancelled."""
-    job = await services.waiter.until_ended(job.id, read, give_up=request.is_disconnected)
-    if not job.status.is_terminal:
-        await cancel_abandoned(services, job.id, scope=scope)
-    return job
 
 
 def _completion(job: Job, *, chat: bool) -> dict[str, Any]:

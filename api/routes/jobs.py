@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import PrincipalDep, Services, ServicesDep
+from api.deps import PrincipalDep, ServicesDep
 from api.errors import error_responses
 from api.idempotency import IdempotencyKey, idempotent
 from api.schemas import JobCreate, JobList
@@ -19,13 +19,14 @@ from api.streams import event_stream, job_deltas
 from api.submission import checked, checked_webhook, submit
 from inferq.db.idempotency import IdempotentRequest
 from inferq.jobs import Job, JobSpec, JobStatus
+from inferq.model_catalog import CatalogModel
 from inferq.public import JobPublic
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401, 429, 503))
 
 
 @router.post(
-    "", status_code=202, response_model=JobPublic, responses=error_responses(409, 413, 422)
+    "", status_code=202, response_model=JobPublic, responses=error_responses(404, 409, 413, 422)
 )
 async def create_job(
     body: JobCreate,
@@ -35,7 +36,7 @@ async def create_job(
     idempotency_key: IdempotencyKey = None,
 ) -> JobPublic | JSONResponse:
     """Submit a generation job; poll its `url` for the result."""
-    spec = await checked(_prompt_chars(body), functools.partial(_spec, services, body))
+    spec = await checked(services, body.model, _prompt_chars(body), functools.partial(_spec, body))
     webhook = await checked_webhook(services, body.webhook_url, body.webhook_events)
 
     async def create(request: IdempotentRequest | None) -> JobPublic:
@@ -48,8 +49,8 @@ async def create_job(
     )
 
 
-def _spec(services: Services, body: JobCreate) -> JobSpec:
-    spec = services.validator.spec(
+def _spec(body: JobCreate, model: CatalogModel) -> JobSpec:
+    spec = model.validator.spec(
         model=body.model,
         prompt=body.prompt,
         messages=body.messages,

@@ -1,15 +1,17 @@
-"""`/v1/models`: the model this deployment serves (OpenAI's Models API)."""
+"""`/v1/models`: every model the GPU workers registered (OpenAI's Models API), adapters
+included."""
 
 from __future__ import annotations
 
 from typing import Literal
 
 from fastapi import APIRouter, Depends
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from api.deps import ServicesDep, current_principal
 from api.errors import error_responses
-from inferq.exceptions import NotFound
+from inferq.exceptions import ModelNotFound
+from inferq.served_models import ServedModel
 
 router = APIRouter(
     prefix="/v1/models",
@@ -24,6 +26,20 @@ class ModelPublic(BaseModel):
     object: Literal["model"] = "model"
     created: int = 0
     owned_by: str = "inferq"
+    root: str = Field(description="The served model whose workers run it.")
+    parent: str | None = Field(None, description="An adapter's base model.")
+    runner: str = Field(description="`generate` (completions, chats) or `pooling` (embeddings).")
+    max_model_len: int | None = Field(None, description="Context length in tokens.")
+
+    @classmethod
+    def from_model(cls, model: ServedModel) -> ModelPublic:
+        return cls(
+            id=model.name,
+            root=model.base,
+            parent=model.base if model.is_adapter else None,
+            runner=model.runner,
+            max_model_len=model.max_model_len,
+        )
 
 
 class ModelList(BaseModel):
@@ -33,13 +49,14 @@ class ModelList(BaseModel):
 
 @router.get("", response_model=ModelList)
 def list_models(services: ServicesDep) -> ModelList:
-    """The served model (use its id as `model`)."""
-    return ModelList(data=[ModelPublic(id=services.settings.model_name)])
+    """Every model workers registered (use an id as `model`)."""
+    return ModelList(data=[ModelPublic.from_model(m) for m in services.models.models()])
 
 
 @router.get("/{model_id:path}", response_model=ModelPublic, responses=error_responses(404))
 def get_model(model_id: str, services: ServicesDep) -> ModelPublic:
-    """The served model, if that is its id."""
-    if model_id != services.settings.model_name:
-        raise NotFound(f"model {model_id!r} is not served here")
-    return ModelPublic(id=model_id)
+    """One registered model."""
+    for model in services.models.models():
+        if model.name == model_id:
+            return ModelPublic.from_model(model)
+    raise ModelNotFound(f"model {model_id!r} is not served here")

@@ -14,7 +14,9 @@ router = APIRouter(tags=["status"])
 
 class WorkerPublic(BaseModel):
     name: str
-    model: str
+    model: str = Field(description="The served model whose queues it consumes.")
+    runner: str = Field(description="`generate`, or `pooling` (embeddings).")
+    adapters: list[str] = Field(description="LoRA adapters it serves on `model`.")
     gpus: list[str]
     started_at: str
     jobs_held: int
@@ -24,10 +26,18 @@ class WorkerPublic(BaseModel):
     tokens_per_s: float = Field(description="Tokens generated per second over the last minute.")
 
 
+class ModelStatus(BaseModel):
+    name: str
+    base: str = Field(description="The served model whose workers run it.")
+    runner: str
+    workers: list[str] = Field(description="Workers online that serve it (none: its jobs wait).")
+
+
 class Status(BaseModel):
     """The deployment at a glance."""
 
     queues: dict[str, int] = Field(description="Messages waiting in each queue.")
+    models: list[ModelStatus] = Field(description="Every registered model name.")
     workers: list[WorkerPublic]
     jobs_per_s: float
     tokens_per_s: float
@@ -43,12 +53,24 @@ class Status(BaseModel):
 def status(services: ServicesDep) -> Status:
     """Queue depths, the GPU workers online, and throughput over the last minute."""
     workers = services.workers.online()
+    models = services.models.models()
     return Status(
-        queues=services.queues.depths(),
+        queues=services.queues.depths(sorted({m.base for m in models})),
+        models=[
+            ModelStatus(
+                name=m.name,
+                base=m.base,
+                runner=m.runner,
+                workers=[w.name for w in workers if w.model == m.base],
+            )
+            for m in models
+        ],
         workers=[
             WorkerPublic(
                 name=w.name,
                 model=w.model,
+                runner=w.runner,
+                adapters=w.adapters,
                 gpus=w.gpus,
                 started_at=w.started_at,
                 jobs_held=w.jobs_held,

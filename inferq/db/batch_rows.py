@@ -22,7 +22,7 @@ class NewBatch:
     input_file_id: str
     completion_window: str
     window: timedelta
-    model: str
+    model: str | None
     metadata: dict[str, str] = field(default_factory=dict)
     webhook: WebhookRequest | None = None
     # Every line's priority (inferq.jobs.MAX_PRIORITY).
@@ -106,12 +106,15 @@ RESULT_COLUMNS = (
     JobRow.id,
     JobRow.line,
     JobRow.custom_id,
+    JobRow.model,
     JobRow.status,
     JobRow.choices,
     JobRow.prompt_tokens,
     JobRow.completion_tokens,
     JobRow.error,
     JobRow.finished_at,
+    JobRow.embedding,
+    JobRow.sampling,
 )
 
 
@@ -121,10 +124,13 @@ def result_row(row: Any) -> ResultRow:
         job_id=row.id,
         line=row.line,
         custom_id=row.custom_id,
+        model=row.model,
         status=JobStatus(row.status),
         choices=row.choices,
         prompt_tokens=row.prompt_tokens,
         completion_tokens=row.completion_tokens,
         error=row.error,
         finished_at=as_utc(row.finished_at),
+        embedding=row.embedding,
+        pooling=row.sampling.get("pooling"),
     )

@@ -17,7 +17,6 @@ from inferq.batches import (
     LineError,
     ResultRow,
 )
-from inferq.constants import BULK_QUEUE
 from inferq.db.batch_rows import (
     RESULT_COLUMNS,
     NewBatch,
@@ -36,6 +35,7 @@ from inferq.db.store import Page, Store, as_utc, newest_first, scoped_row, utcno
 from inferq.exceptions import InvalidState, NotFound
 from inferq.ids import new_id
 from inferq.jobs import ACTIVE_STATUSES, TERMINAL_STATUSES, JobStatus
+from inferq.queues import bulk_queue
 
 INSERT_EVERY = 1000
 PUBLISH_CHUNK = 4096
@@ -182,6 +182,27 @@ class BatchStore(Store):
                 return
             last = rows[-1].line
             yield [row.id for row in rows]
+
+    def queued_by_queue(self, batch_id: str) -> Iterator[tuple[str, list[str]]]:
+        """The batch's queued job ids in line order, in chunks of one queue each (for
+        publishing): `(queue, ids)`."""
+        last = 0
+        while True:
+            with self._transaction() as session:
+                rows = session.execute(
+                    select(JobRow.id, JobRow.line, JobRow.queue)
+                    .where(JobRow.batch_id == batch_id, JobRow.line > last)
+                    .where(JobRow.status == JobStatus.QUEUED.value)
+                    .order_by(JobRow.line)
+                    .limit(PUBLISH_CHUNK)
+                ).all()
+            if not rows:
+                return
+            last = rows[-1].line
+            by_queue: dict[str, list[str]] = {}
+            for row in rows:
+                by_queue.setdefault(row.queue, []).append(row.id)
+            yield from by_queue.items()
 
     def stop(
         self, batch_id: str, *, scope: str | None = None, code: str, message: str
@@ -356,7 +377,7 @@ def _line_row(
     return new_job_row(
         item.spec,
         tenant=new.tenant,
-        queue=BULK_QUEUE,
+        queue=bulk_queue(item.spec.served_by),
         now=now,
         requeue_after_s=requeue_after_s,
         place=place,

@@ -103,6 +103,7 @@ def job_from_row(row: JobRow) -> Job:
         result = JobResult(
             choices=tuple(Choice.from_dict(c) for c in row.choices),
             prompt_tokens=row.prompt_tokens,
+            embedding=row.embedding,
         )
     return Job(
         id=row.id,
@@ -130,6 +131,7 @@ def job_from_row(row: JobRow) -> Job:
 # The columns a worker needs of a job it claims (`claimed_job`).
 CLAIMED_COLUMNS = (
     JobRow.id,
+    JobRow.model,
     JobRow.prompt_token_ids,
     JobRow.sampling,
     JobRow.created_at,
@@ -143,6 +145,7 @@ def claimed_job(row: Any, now: datetime) -> ClaimedJob:
     """A claimed job from its `CLAIMED_COLUMNS`."""
     return ClaimedJob(
         id=row.id,
+        model=row.model,
         prompt_token_ids=unpack_token_ids(row.prompt_token_ids),
         sampling=SamplingParams.from_dict(row.sampling),
         created_at=as_utc(row.created_at) or now,
@@ -165,6 +168,8 @@ def outcome_values(outcome: JobOutcome, now: datetime) -> dict[str, Any]:
     if outcome.result is not None:
         values["choices"] = [_storable_choice(c.to_dict()) for c in outcome.result.choices]
         values["completion_tokens"] = outcome.result.completion_tokens
+        if outcome.result.embedding is not None:
+            values["embedding"] = outcome.result.embedding
     if outcome.error is not None:
         values["error"] = outcome.error.to_dict()
     return values

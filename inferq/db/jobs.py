@@ -89,11 +89,12 @@ class JobStore(Store):
         self,
         new_jobs: Sequence[NewJob],
         *,
-        queue: str,
+        queue: str | Callable[[JobSpec], str],
         requeue_after_s: int,
         respond: Callable[[Job], dict[str, Any]] | None = None,
     ) -> list[Job]:
         """Write new queued jobs, each for its own tenant, in one transaction; return them.
+        `queue` names each one's queue, or is a function of its spec that does.
 
         A job submitted under an idempotency key has its response (`respond(job)`, the
         body of a 202) remembered in the same transaction, so both are written or neither.
@@ -101,7 +102,11 @@ class JobStore(Store):
         now = self._clock()
         rows = [
             new_job_row(
-                new.spec, tenant=new.tenant, queue=queue, now=now, requeue_after_s=requeue_after_s
+                new.spec,
+                tenant=new.tenant,
+                queue=queue if isinstance(queue, str) else queue(new.spec),
+                now=now,
+                requeue_after_s=requeue_after_s,
             )
             for new in new_jobs
         ]

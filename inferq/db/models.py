@@ -47,7 +47,8 @@ class JobRow(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(128))
     status: Mapped[str] = mapped_column(String(16))
-    queue: Mapped[str] = mapped_column(String(32))
+    # The Celery queue it is published to (inferq/queues.py).
+    queue: Mapped[str] = mapped_column(Text)
     model: Mapped[str] = mapped_column(Text)
     prompt: Mapped[str | None] = mapped_column(Text)
     messages: Mapped[list[dict[str, Any]] | None] = mapped_column(Json)
@@ -72,6 +73,8 @@ class JobRow(Base):
     webhook_events: Mapped[list[str] | None] = mapped_column(Json)
     priority: Mapped[int] = mapped_column(SmallInteger, default=0, server_default="0")
     stream: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    # An embedding job's vectors (inferq.jobs.JobResult.embedding).
+    embedding: Mapped[bytes | None] = mapped_column(LargeBinary)
 
     __table_args__ = (
         Index("ix_jobs_status_id", "status", "id"),
@@ -98,6 +101,24 @@ class JobRow(Base):
             sqlite_where=text("batch_id IS NULL AND finished_at IS NOT NULL"),
         ),
     )
+
+
+class ServedModelRow(Base):
+    """A model name clients may use, as the workers that serve it registered it."""
+
+    __tablename__ = "served_models"
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    base: Mapped[str] = mapped_column(Text)
+    runner: Mapped[str] = mapped_column(String(16))
+    tokenizer: Mapped[str] = mapped_column(Text)
+    max_model_len: Mapped[int | None] = mapped_column(Integer)
+    chat_template: Mapped[str | None] = mapped_column(Text)
+    tool_call_parser: Mapped[str | None] = mapped_column(Text)
+    adapter: Mapped[str | None] = mapped_column(Text)
+    embedding_size: Mapped[int | None] = mapped_column(Integer)
+    supports_dimensions: Mapped[bool] = mapped_column(Boolean)
+    registered_at: Mapped[datetime] = mapped_column(Timestamp)
 
 
 class ApiKeyRow(Base):

@@ -10,8 +10,9 @@ from datetime import UTC, datetime
 import pytest
 import redis
 
-from inferq.constants import INTERACTIVE_QUEUE
 from inferq.jobs import JobStatus
+from inferq.queues import interactive_queue
+from tests.conftest import MODEL_NAME
 from tests.fault.conftest import DeploymentFactory
 from worker.maintenance import _job_ids
 
@@ -84,7 +85,9 @@ def test_sigterm_finishes_in_flight_work_and_returns_the_rest(
     # Their messages went back to Redis too, ready for the next worker (jobs submitted
     # together share a message).
     client = redis.Redis.from_url(deployed.env["INFERQ_REDIS_URL"])
-    raw = client.lrange(deployed.env["INFERQ_REDIS_KEY_PREFIX"] + INTERACTIVE_QUEUE, 0, -1)
+    raw = client.lrange(
+        deployed.env["INFERQ_REDIS_KEY_PREFIX"] + interactive_queue(MODEL_NAME), 0, -1
+    )
     waiting = {job_id for message in raw for job_id in _job_ids(message)}
     assert {j.id for j in returned} <= waiting
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from redis import Redis
 
-from inferq.constants import GPU_QUEUES, MAINTENANCE_LAST_RUN_KEY
+from inferq.constants import BULK_QUEUE, INTERACTIVE_QUEUE, MAINTENANCE_LAST_RUN_KEY
 from tests.helpers.waiting import wait_until
 
 
@@ -32,13 +32,14 @@ class Broker:
         acknowledged. A worker acknowledges a message once each of its jobs has ended
         there (written, skipped or aborted), so a job absent here is done with."""
         found: set[str] = set()
-        for queue in GPU_QUEUES:
-            for message in self._redis.lrange(self._prefix + queue, 0, -1):
-                found.update(_job_ids(json.loads(message)))
+        for kind in (INTERACTIVE_QUEUE, BULK_QUEUE):  # every served model's queues
+            for key in self._redis.scan_iter(match=f"{self._prefix}{kind}:*"):
+                for message in self._redis.lrange(key, 0, -1):
+                    found.update(_job_ids(json.loads(message)))
         # kombu keeps each taken message as [message, exchange, routing key].
         for entry in self._redis.hvals(self._prefix + "unacked"):
             message, _, routing_key = json.loads(entry)
-            if routing_key in GPU_QUEUES:
+            if routing_key.partition(":")[0] in (INTERACTIVE_QUEUE, BULK_QUEUE):
                 found.update(_job_ids(message))
         return found
 

@@ -251,6 +251,7 @@ class MemoryJobStore:
 def _claimed(job: StoredJob) -> ClaimedJob:
     return ClaimedJob(
         id=job.id,
+        model="fake",
         prompt_token_ids=[1, 2, 3],
         sampling=SamplingParams(max_tokens=job.max_tokens),
         created_at=datetime.now(UTC),

@@ -279,7 +279,7 @@ def test_bad_requests_get_openai_errors_naming_the_field(stack: Stack) -> None:
             model=MODEL_NAME, messages=CHAT, max_tokens=10**6, stream=True
         )
     assert too_long.value.body["param"] == "max_tokens"  # type: ignore[index]
-    with pytest.raises(openai.UnprocessableEntityError, match="not served"):
+    with pytest.raises(openai.NotFoundError, match="not served"):
         client.completions.create(model="gpt-nothing", prompt="hi", max_tokens=4)
     with pytest.raises(openai.UnprocessableEntityError, match="stream_options"):
         client.completions.create(

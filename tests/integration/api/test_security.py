@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import func, select
 
 from inferq.db.models import JobRow
-from tests.conftest import Stack
+from tests.conftest import MODEL_NAME, Stack
 from tests.helpers.waiting import poll
 
 pytestmark = pytest.mark.engine
@@ -175,7 +175,8 @@ def test_the_token_rate_limit_counts_prompt_and_max_tokens(stack: Stack) -> None
 
 def test_a_pickled_message_pushed_into_redis_runs_nothing(stack: Stack, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from inferq.celery_app import make_celery
-    from inferq.constants import INTERACTIVE_QUEUE, RUN_JOBS_TASK
+    from inferq.constants import RUN_JOBS_TASK
+    from inferq.queues import interactive_queue
     from inferq.settings import Settings
 
     marker = tmp_path / "pwned"
@@ -188,10 +189,9 @@ def test_a_pickled_message_pushed_into_redis_runs_nothing(stack: Stack, tmp_path
         redis_url=stack.env["INFERQ_REDIS_URL"],
         redis_key_prefix=stack.env["INFERQ_REDIS_KEY_PREFIX"],
     )
-    attacker = make_celery(settings)
-    attacker.send_task(
-        RUN_JOBS_TASK, args=[Exploit()], queue=INTERACTIVE_QUEUE, serializer="pickle"
-    )
+    queue = interactive_queue(MODEL_NAME)
+    attacker = make_celery(settings, serving=MODEL_NAME)
+    attacker.send_task(RUN_JOBS_TASK, args=[Exploit()], queue=queue, serializer="pickle")
     with stack.client() as client:
         # A job submitted after the pickle finishing means the worker went past it.
         job = client.post("/v1/jobs", json={"prompt": "after", "max_tokens": 2}).json()
@@ -202,7 +202,7 @@ def test_a_pickled_message_pushed_into_redis_runs_nothing(stack: Stack, tmp_path
     import redis
 
     client = redis.Redis.from_url(settings.redis_url)
-    assert client.llen(settings.redis_key_prefix + INTERACTIVE_QUEUE) == 0
+    assert client.llen(settings.redis_key_prefix + queue) == 0
     assert not any(b"pickle" in v for v in client.hvals(settings.redis_key_prefix + "unacked"))
 
 
@@ -324,6 +324,9 @@ def test_flower_needs_credentials_and_with_them_lists_the_worker(stack: Stack, t
         )
         assert workers.status_code == 200
         assert "worker@test" in workers.json()
+        # Which model a worker serves: the queues it consumes are that model's.
+        queues = {q["name"] for q in workers.json()["worker@test"]["active_queues"]}
+        assert queues == {f"interactive:{MODEL_NAME}", f"bulk:{MODEL_NAME}"}
         # A finished job's task, with its job id, worker, state and runtime. Workers send
         # task events once Flower has asked for them (it asks every few seconds), so the
         # first jobs may go unseen: submit until one shows.

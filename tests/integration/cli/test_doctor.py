@@ -82,5 +82,6 @@ def test_doctor_on_a_running_deployment_sees_its_workers_and_services(stack: Sta
     assert status == 0, lines
     assert lines["redis"].startswith("ok ")
     assert lines["workers"].startswith("ok 1 online: worker@test (tiny)")
+    assert lines["models"] == "ok tiny (1 worker)"
     assert lines[f"port {api_port}"] == "ok already serving the API"
     assert lines[f"port {metrics_port}"] == "ok already serving the worker's metrics"

@@ -10,15 +10,18 @@ import pytest
 from redis import Redis
 
 from inferq.celery_app import JobPublisher, make_celery
-from inferq.constants import BULK_QUEUE, INTERACTIVE_QUEUE
 from inferq.db.engine import make_engine, make_sessions
 from inferq.db.jobs import JobStore
 from inferq.exceptions import BrokerUnavailable
 from inferq.jobs import JobSpec, JobStatus, SamplingParams
+from inferq.queues import bulk_queue, interactive_queue
 from inferq.settings import Settings
 from tests.conftest import REDIS_URL
 from tests.helpers.processes import free_port
 from worker.maintenance import Maintenance, _job_ids
+
+INTERACTIVE_QUEUE = interactive_queue("m")
+BULK_QUEUE = bulk_queue("m")
 
 
 class Clock:
@@ -45,6 +48,7 @@ class Harness:
             key_prefix=key_prefix,
             requeue_after_s=3600,
             stranded_after_s=30,
+            served_models=lambda: ["m"],
             clock=self.clock,
         )
 
@@ -102,7 +106,7 @@ def test_a_delivered_but_unclaimed_job_is_published_again_after_a_lease(
 
 def test_jobs_behind_a_waiting_message_are_not_stranded(harness: Harness) -> None:
     first, second = harness.create(2)
-    harness.publisher.publish_interactive([first, second])
+    harness.publisher.publish_interactive([first, second], queue=INTERACTIVE_QUEUE)
     harness.clock.now += timedelta(hours=1) - timedelta(seconds=1)
     assert harness.maintenance.run_once().republished == 0
     # Jobs submitted together travel in one message.
@@ -136,14 +140,16 @@ def test_publishing_to_a_redis_that_is_down_says_so(publish: str) -> None:
     app = make_celery(Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0"))
     publisher = JobPublisher(app, bulk_chunk_size=2)
     with pytest.raises(BrokerUnavailable, match="could not publish to Redis"):
-        getattr(publisher, f"publish_{publish}")(["job_a", "job_b", "job_c"])
+        getattr(publisher, f"publish_{publish}")(["job_a", "job_b", "job_c"], queue="q:m")
 
 
 def test_a_job_stored_while_redis_was_down_is_published_at_the_next_pass(
     harness: Harness,
 ) -> None:
     [job] = harness.create(1)
-    harness.publisher.publish_interactive([])  # nothing reached Redis for it
+    harness.publisher.publish_interactive(
+        [], queue=INTERACTIVE_QUEUE
+    )  # nothing reached Redis for it
     harness.store.mark_unpublished([job])
     assert harness.maintenance.run_once().republished == 1
     assert harness.queued_messages() == [[job]]

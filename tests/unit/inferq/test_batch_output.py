@@ -16,6 +16,7 @@ def test_line_separators_in_generated_text_do_not_split_a_line() -> None:
         job_id="job_1",
         line=1,
         custom_id="x",
+        model="m",
         status=JobStatus.SUCCEEDED,
         choices=[{"index": 0, "text": text, "finish_reason": "length"}],
         prompt_tokens=3,
@@ -23,8 +24,9 @@ def test_line_separators_in_generated_text_do_not_split_a_line() -> None:
         error=None,
         finished_at=datetime(2026, 1, 1, tzinfo=UTC),
     )
-    content = b"".join(render([row, row], errors=False, endpoint=CHAT_ENDPOINT, model="m"))
+    content = b"".join(render([row, row], errors=False, endpoint=CHAT_ENDPOINT))
     lines = content.decode().splitlines()
     assert len(lines) == 2
     body = json.loads(lines[0])["response"]["body"]
     assert body["choices"][0]["message"]["content"] == text
+    assert body["model"] == "m"

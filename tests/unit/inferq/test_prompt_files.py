@@ -71,7 +71,7 @@ def test_prompt_objects_keep_their_ids_and_settings(tmp_path: Path) -> None:
         ),
         (b"ok\n\xff\xfe\n", "not valid UTF-8"),
         (
-            b'{"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {}}\n',
+            b'{"custom_id": "a", "method": "POST", "url": "/v1/moderations", "body": {}}\n',
             "not a batch endpoint",
         ),
     ],

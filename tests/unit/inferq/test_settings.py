@@ -42,3 +42,21 @@ def test_development_allows_them_and_production_takes_real_secrets() -> None:
     settings = Settings(bootstrap_admin_key=STRONG, flower_basic_auth=f"ops:{STRONG}")
     assert settings.bootstrap_admin_key is not None
     assert STRONG not in repr(settings)
+
+
+def test_lora_adapters_are_name_path_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERQ_LORA_ADAPTERS", "a=/x, b=/y")
+    assert Settings().lora_adapters == {"a": "/x", "b": "/y"}
+    monkeypatch.setenv("INFERQ_LORA_ADAPTERS", '{"c": "org/c"}')
+    assert Settings().lora_adapters == {"c": "org/c"}
+
+
+def test_a_lora_adapter_without_a_path_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERQ_LORA_ADAPTERS", "a")
+    with pytest.raises(ValidationError, match="'a' is not name=path"):
+        Settings()
+
+
+def test_a_lora_adapter_named_like_the_model_is_refused() -> None:
+    with pytest.raises(ValidationError, match="adapter name 'tiny' must differ from the model"):
+        Settings(served_model_name="tiny", lora_adapters={"tiny": "/x"})

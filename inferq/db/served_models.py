@@ -1,0 +1,67 @@
+"""The served models the GPU workers registered (inferq/served_models.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import delete, select
+
+from inferq.db.models import ServedModelRow
+from inferq.db.store import Store, utcnow
+from inferq.served_models import ServedModel
+
+
+class ModelStore(Store):
+    def register(self, models: Sequence[ServedModel]) -> None:
+        """Record what a worker serves: its model and adapters, replacing what an earlier
+        worker of the same model said (an adapter it no longer serves is forgotten)."""
+        if not models:
+            return
+        bases = {model.base for model in models}
+        now = utcnow()
+        with self._transaction() as session:
+            # Rows of these bases that are not among `models` go: adapters removed since.
+            names = [model.name for model in models]
+            session.execute(
+                delete(ServedModelRow).where(
+                    ServedModelRow.base.in_(bases), ServedModelRow.name.not_in(names)
+                )
+            )
+            for model in models:
+                session.merge(_row(model, now))
+
+    def all(self) -> list[ServedModel]:
+        with self._reading() as session:
+            rows = session.scalars(select(ServedModelRow).order_by(ServedModelRow.name))
+            return [_model(row) for row in rows]
+
+
+def _row(model: ServedModel, now: object) -> ServedModelRow:
+    return ServedModelRow(
+        name=model.name,
+        base=model.base,
+        runner=model.runner,
+        tokenizer=model.tokenizer,
+        max_model_len=model.max_model_len,
+        chat_template=model.chat_template,
+        tool_call_parser=model.tool_call_parser,
+        adapter=model.adapter,
+        embedding_size=model.embedding_size,
+        supports_dimensions=model.supports_dimensions,
+        registered_at=now,
+    )
+
+
+def _model(row: ServedModelRow) -> ServedModel:
+    return ServedModel(
+        name=row.name,
+        base=row.base,
+        runner="pooling" if row.runner == "pooling" else "generate",
+        tokenizer=row.tokenizer,
+        max_model_len=row.max_model_len,
+        chat_template=row.chat_template,
+        tool_call_parser=row.tool_call_parser,
+        adapter=row.adapter,
+        embedding_size=row.embedding_size,
+        supports_dimensions=row.supports_dimensions,
+    )

@@ -1,0 +1,72 @@
+"""A deployment serving several models at once, for the tests of routing by model, LoRA
+adapters and embeddings: the tiny model under two names (one with a LoRA adapter) and
+as an embedding model through the pooling runner. Started once for the package."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ADMIN_KEY, FAULT_SETTINGS, delete_keys, new_key_prefix, service_env
+from tests.helpers.databases import cloned_database
+from tests.helpers.deployment import Deployment
+from tests.helpers.lora import make_tiny_adapter
+from tests.helpers.processes import ServiceProcess, wait_worker_ready
+
+CHAT_MODEL = "tiny-a"
+ADAPTER = "tiny-a-lora"
+OTHER_MODEL = "tiny-b"
+EMBEDDING_MODEL = "tiny-embed"
+
+
+@dataclass
+class ModelsStack:
+    deployment: Deployment
+    # Each model's worker settings, and its worker now.
+    settings: dict[str, dict[str, str]]
+    workers: dict[str, ServiceProcess]
+
+    def start_worker(self, model: str, *, wait: bool = True) -> ServiceProcess:
+        """(Re)start the worker of `model` as the fixture first started it."""
+        worker = self.deployment.start_worker(model, wait=wait, **self.settings[model])
+        self.workers[model] = worker
+        return worker
+
+
+@pytest.fixture(scope="package")
+def models_stack(
+    tiny_model: Path, pg_template: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ModelsStack]:
+    logs = tmp_path_factory.mktemp("models-logs")
+    adapter = make_tiny_adapter(tiny_model, tmp_path_factory.mktemp("adapter"))
+    prefix = new_key_prefix()
+    with cloned_database(pg_template) as database_url:
+        env = service_env(
+            model=tiny_model, database_url=database_url, key_prefix=prefix, **FAULT_SETTINGS
+        )
+        deployment = Deployment(env=env, log_dir=logs, admin_key=ADMIN_KEY).start()
+        overrides = {
+            CHAT_MODEL: {
+                "INFERQ_SERVED_MODEL_NAME": CHAT_MODEL,
+                "INFERQ_LORA_ADAPTERS": f"{ADAPTER}={adapter}",
+            },
+            OTHER_MODEL: {"INFERQ_SERVED_MODEL_NAME": OTHER_MODEL},
+            EMBEDDING_MODEL: {
+                "INFERQ_SERVED_MODEL_NAME": EMBEDDING_MODEL,
+                "INFERQ_RUNNER": "pooling",
+            },
+        }
+        stack = ModelsStack(deployment=deployment, settings=overrides, workers={})
+        try:
+            # Started together: their engines load at the same time.
+            for model in overrides:
+                stack.start_worker(model, wait=False)
+            for worker in stack.workers.values():
+                wait_worker_ready(worker)
+            yield stack
+        finally:
+            deployment.stop()
+            delete_keys(prefix)

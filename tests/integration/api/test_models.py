@@ -1,0 +1,209 @@
+"""Many models on one deployment, through the real pieces: each model's jobs run on its
+own workers, a LoRA adapter runs on its base's worker and changes the output, a model
+whose workers are all down waits, and a model nobody registered is refused."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+from openai import BadRequestError, NotFoundError, OpenAI, UnprocessableEntityError
+from sqlalchemy import select
+
+from inferq.db.models import JobRow
+from tests.conftest import ADMIN_KEY
+from tests.helpers.broker import Broker
+from tests.helpers.processes import http_ok
+from tests.helpers.waiting import wait_until
+from tests.integration.api.conftest import (
+    ADAPTER,
+    CHAT_MODEL,
+    EMBEDDING_MODEL,
+    OTHER_MODEL,
+    ModelsStack,
+)
+from tests.integration.api.test_batches import read_lines, upload, wait_for
+
+pytestmark = pytest.mark.engine
+
+SEEDED = {"max_tokens": 12, "temperature": 0.9, "seed": 1234}
+PROMPT = "The quick brown fox"
+
+
+def openai_client(stack: ModelsStack) -> OpenAI:
+    return OpenAI(
+        base_url=stack.deployment.url + "/v1", api_key=ADMIN_KEY, max_retries=0, timeout=120
+    )
+
+
+def http(stack: ModelsStack) -> httpx.Client:
+    return stack.deployment.client()
+
+
+def completion(client: OpenAI, model: str) -> str:
+    answer = client.completions.create(model=model, prompt=PROMPT, **SEEDED)
+    assert answer.model == model
+    return answer.choices[0].text
+
+
+def worker_of(stack: ModelsStack, job_id: str) -> str | None:
+    with stack.deployment.store._sessions() as session:
+        return session.scalar(select(JobRow.worker).where(JobRow.id == job_id))
+
+
+def test_every_registered_model_is_listed_with_who_serves_it(models_stack: ModelsStack) -> None:
+    listed = {m.id: m for m in openai_client(models_stack).models.list()}
+    assert set(listed) == {CHAT_MODEL, ADAPTER, OTHER_MODEL, EMBEDDING_MODEL}
+    with http(models_stack) as client:
+        adapter = client.get(f"/v1/models/{ADAPTER}").json()
+        status = client.get("/v1/status").json()
+    assert adapter["parent"] == CHAT_MODEL
+    assert adapter["root"] == CHAT_MODEL
+    serving = {m["name"]: m for m in status["models"]}
+    assert serving[ADAPTER]["workers"] == [f"{CHAT_MODEL}@test"]
+    assert serving[EMBEDDING_MODEL]["runner"] == "pooling"
+    workers = {w["name"]: w for w in status["workers"]}
+    assert workers[f"{CHAT_MODEL}@test"]["adapters"] == [ADAPTER]
+    assert f"interactive:{OTHER_MODEL}" in status["queues"]
+    # Each worker's metrics say what it serves.
+    metrics = httpx.get(models_stack.workers[CHAT_MODEL].metrics_url).text
+    assert f'model="{ADAPTER}"' in metrics
+    assert "inferq_served_model{" in metrics
+
+
+def test_each_models_jobs_run_on_that_models_worker(models_stack: ModelsStack) -> None:
+    with http(models_stack) as client:
+        jobs = {
+            model: client.post("/v1/jobs", json={"model": model, "prompt": "hi", "max_tokens": 4})
+            for model in (CHAT_MODEL, ADAPTER, OTHER_MODEL)
+        }
+        for model, response in jobs.items():
+            assert response.status_code == 202, response.text
+            done = client.get(f"/v1/jobs/{response.json()['id']}", params={"wait": 60}).json()
+            assert done["status"] == "succeeded"
+            assert done["model"] == model
+    assert worker_of(models_stack, jobs[CHAT_MODEL].json()["id"]) == f"{CHAT_MODEL}@test"
+    assert worker_of(models_stack, jobs[ADAPTER].json()["id"]) == f"{CHAT_MODEL}@test"
+    assert worker_of(models_stack, jobs[OTHER_MODEL].json()["id"]) == f"{OTHER_MODEL}@test"
+
+
+def test_an_adapter_changes_the_output_of_the_same_seeded_request(
+    models_stack: ModelsStack,
+) -> None:
+    client = openai_client(models_stack)
+    base = completion(client, CHAT_MODEL)
+    adapted = completion(client, ADAPTER)
+    assert adapted != base
+    # Same seed, same model: same text, so the difference is the adapter's.
+    assert completion(client, CHAT_MODEL) == base
+    assert completion(client, ADAPTER) == adapted
+    # The other name of the same weights, without the adapter, says what the base says.
+    assert completion(client, OTHER_MODEL) == base
+
+
+def test_a_model_nobody_registered_is_refused_naming_it(models_stack: ModelsStack) -> None:
+    client = openai_client(models_stack)
+    with pytest.raises(NotFoundError, match="nope-model") as refused:
+        client.chat.completions.create(
+            model="nope-model", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert refused.value.code == "model_not_found"
+    with http(models_stack) as http_client:
+        job = http_client.post("/v1/jobs", json={"model": "nope-model", "prompt": "hi"})
+        assert job.status_code == 404
+        assert "nope-model" in job.json()["error"]["message"]
+        assert http_client.get("/v1/models/nope-model").status_code == 404
+        # With several models, a request must say which.
+        unnamed = http_client.post("/v1/jobs", json={"prompt": "hi"})
+    assert unnamed.status_code == 422
+    assert unnamed.json()["error"]["param"] == "model"
+    assert CHAT_MODEL in unnamed.json()["error"]["message"]
+
+
+def test_a_model_of_the_other_kind_is_refused(models_stack: ModelsStack) -> None:
+    client = openai_client(models_stack)
+    with pytest.raises((BadRequestError, UnprocessableEntityError), match="embeddings"):
+        client.completions.create(model=EMBEDDING_MODEL, prompt="hi", max_tokens=2)
+
+
+def test_a_job_for_a_model_whose_workers_are_down_waits_for_one(
+    models_stack: ModelsStack,
+) -> None:
+    worker = models_stack.workers[OTHER_MODEL]
+    worker.stop()
+    with http(models_stack) as client:
+        submitted = client.post(
+            "/v1/jobs", json={"model": OTHER_MODEL, "prompt": "anyone?", "max_tokens": 4}
+        )
+        assert submitted.status_code == 202, submitted.text
+        job_id = submitted.json()["id"]
+        # Maintenance passes go by (publishing nothing again: its message waits in Redis).
+        broker = Broker.of(models_stack.deployment.env)
+        try:
+            broker.wait_maintenance_passes(2, timeout_s=60)
+            assert job_id in broker.gpu_jobs()
+        finally:
+            broker.close()
+        assert client.get(f"/v1/jobs/{job_id}").json()["status"] == "queued"
+        models_stack.start_worker(OTHER_MODEL)
+        done = client.get(f"/v1/jobs/{job_id}", params={"wait": 120}).json()
+    assert done["status"] == "succeeded"
+    assert worker_of(models_stack, job_id) == f"{OTHER_MODEL}@test"
+    wait_until(http_ok(models_stack.deployment.url + "/healthz"), timeout_s=10, what="API up")
+
+
+def test_a_batch_may_mix_models_and_adapters(models_stack: ModelsStack) -> None:
+    client = openai_client(models_stack)
+    models = [CHAT_MODEL, ADAPTER, OTHER_MODEL, ADAPTER, CHAT_MODEL, OTHER_MODEL]
+    lines: list[dict[str, Any]] = [
+        {
+            "custom_id": f"line-{i}",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": model, "prompt": PROMPT, **SEEDED},
+        }
+        for i, model in enumerate(models)
+    ]
+    batch = client.batches.create(
+        input_file_id=upload(client, lines),
+        endpoint="/v1/completions",
+        completion_window="24h",
+    )
+    assert batch.model == CHAT_MODEL  # a batch's model is its first line's
+    batch = wait_for(client, batch.id)
+    assert batch.status == "completed", batch
+    output = read_lines(client, batch.output_file_id)
+    assert [line["custom_id"] for line in output] == [line["custom_id"] for line in lines]
+    online = {model: completion(client, model) for model in set(models)}
+    for line, model in zip(output, models, strict=True):
+        body = line["response"]["body"]
+        assert body["model"] == model
+        assert body["choices"][0]["text"] == online[model], json.dumps(line)
+
+
+def test_a_batch_line_naming_an_unknown_model_fails_the_batch_with_the_line(
+    models_stack: ModelsStack,
+) -> None:
+    client = openai_client(models_stack)
+    lines = [
+        {
+            "custom_id": f"line-{i}",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": model, "prompt": "hi", "max_tokens": 2},
+        }
+        for i, model in enumerate([CHAT_MODEL, "ghost"])
+    ]
+    batch = client.batches.create(
+        input_file_id=upload(client, lines), endpoint="/v1/completions", completion_window="24h"
+    )
+    assert batch.status == "failed"
+    assert batch.errors is not None
+    assert batch.errors.data is not None
+    [error] = batch.errors.data
+    assert error.code == "model_not_found"
+    assert error.line == 2
+    assert error.param == "body.model"
+    assert "ghost" in (error.message or "")

@@ -23,6 +23,7 @@ from inferq.exceptions import (
     InvalidRequest,
     InvalidState,
     JobFailed,
+    ModelUnavailable,
     NotFound,
     RetryLater,
     StoreUnavailable,
@@ -80,6 +81,7 @@ _STATUSES: tuple[tuple[type[InferqError], int, str], ...] = (
     (RetryLater, 429, "rate_limit_error"),
     (StoreUnavailable, 503, "service_unavailable"),
     (BrokerUnavailable, 503, "service_unavailable"),
+    (ModelUnavailable, 503, "service_unavailable"),
     (JobFailed, 500, "server_error"),
 )
 

@@ -141,6 +141,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         check_schema(settings.database_url)
         services = build_services(settings)
         _prepare_keys(settings, services.keys)
+        # Every registered model's tokenizer, before the first request needs it.
+        services.models.warm()
         app.state.services = services
         metrics.registry.register(
             QueueCollector(services.queues, services.workers, services.models)

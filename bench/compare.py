@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import openai
 
@@ -148,14 +148,21 @@ def deployment(model: Path, workdir: Path, **extra: str) -> Iterator[tuple[str, 
 
 
 def run_inferq_batch(
-    base_url: str, batch_file: Path, *, keep_outputs: bool = False
+    base_url: str,
+    batch_file: Path,
+    *,
+    keep_outputs: bool = False,
+    endpoint: Literal["/v1/chat/completions", "/v1/embeddings"] = workload.CHAT_URL,
+    usage_field: str = "completion_tokens",
 ) -> dict[str, Any]:
+    """The file through `POST /v1/batches` until its output is read; its tokens are each
+    output's `usage[usage_field]`."""
     client = openai.OpenAI(base_url=base_url + "/v1", api_key=stack.ADMIN_KEY, timeout=3600)
     started = time.perf_counter()
     with batch_file.open("rb") as f:
         uploaded = client.files.create(file=f, purpose="batch")
     batch = client.batches.create(
-        input_file_id=uploaded.id, endpoint=workload.CHAT_URL, completion_window="24h"
+        input_file_id=uploaded.id, endpoint=endpoint, completion_window="24h"
     )
     while batch.status not in ("completed", "failed", "expired", "cancelled"):
         time.sleep(0.25)
@@ -165,7 +172,7 @@ def run_inferq_batch(
     content = client.files.content(batch.output_file_id).text
     seconds = time.perf_counter() - started
     lines = [json.loads(line) for line in content.splitlines()]
-    tokens = sum(line["response"]["body"]["usage"]["completion_tokens"] for line in lines)
+    tokens = sum(line["response"]["body"]["usage"][usage_field] for line in lines)
     extra = {"outputs": lines} if keep_outputs else {}
     return throughput(seconds, tokens, len(lines), **extra)
 

@@ -69,7 +69,15 @@ def run_engine(requests_json: Path, args: dict[str, Any], workdir: Path) -> dict
     )
 
 
-def run_run_batch(batch_file: Path, args: dict[str, Any], workdir: Path, load_s: float) -> Any:
+def run_run_batch(
+    batch_file: Path,
+    args: dict[str, Any],
+    workdir: Path,
+    load_s: float,
+    *,
+    usage_field: str = "completion_tokens",
+) -> Any:
+    """run-batch on `batch_file`; its tokens are each output's `usage[usage_field]`."""
     out = workdir / "run-batch.out.jsonl"
     started = time.perf_counter()
     subprocess.run(
@@ -90,7 +98,7 @@ def run_run_batch(batch_file: Path, args: dict[str, Any], workdir: Path, load_s:
     )
     wall = time.perf_counter() - started
     lines = [json.loads(line) for line in out.read_text().splitlines()]
-    tokens = sum(line["response"]["body"]["usage"]["completion_tokens"] for line in lines)
+    tokens = sum(line["response"]["body"]["usage"][usage_field] for line in lines)
     # run-batch loads the model inside the timed run: take off the engine's own load
     # time (measured in the engine run) to compare processing with processing.
     return throughput(wall - load_s, tokens, len(lines), wall_s=wall)

@@ -58,6 +58,10 @@ class BrokerUnavailable(InferqError):
     """Redis could not be reached; try again shortly."""
 
 
+class ModelUnavailable(InferqError):
+    """A registered model's tokenizer cannot be loaded here."""
+
+
 class JobsReturned(InferqError):
     """The worker is shutting down and gave these jobs back to the queue unfinished."""
 

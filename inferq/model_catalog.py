@@ -4,17 +4,20 @@ requests. The API and `inferq run` ask it; neither is configured with a model of
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from inferq.exceptions import InvalidRequest, ModelNotFound
+from inferq.exceptions import InvalidRequest, ModelNotFound, ModelUnavailable
 from inferq.prompts import PromptRenderer
 from inferq.served_models import Runner, ServedModel
 from inferq.settings import Settings
 from inferq.validation import JobValidator
+
+log = logging.getLogger(__name__)
 
 # How long what was read from Postgres is trusted; a name not known yet is looked up at
 # once (at most once per UNKNOWN_RETRY_S), so a new worker's model is accepted in a moment.
@@ -105,6 +108,17 @@ class ModelCatalog:
         self._refresh(force=False)
         return sorted(self._models.values(), key=lambda m: m.name)
 
+    def warm(self) -> None:
+        """Load every registered model's tokenizer now (at start-up), so no request waits
+        for one; a model whose tokenizer cannot be loaded here is left for its first
+        request, which then says why."""
+        self._refresh(force=False)
+        for info in list(self._models.values()):
+            try:
+                self._prepare(info)
+            except ModelUnavailable as exc:  # said now, and to its first request
+                log.warning("%s", exc.message)
+
     def cached(self, name: str | None, *, runner: Runner = "generate") -> CatalogModel | None:
         """The model if it is ready without reading Postgres or loading a tokenizer."""
         read_at = self._read_at
@@ -156,7 +170,15 @@ class ModelCatalog:
         with self._lock:  # one load per tokenizer, however many ask at once
             renderer = self._renderers.get(key)
             if renderer is None:
-                renderer = self._renderers[key] = self._load(info)
+                try:
+                    renderer = self._renderers[key] = self._load(info)
+                except Exception as exc:  # whatever transformers raises, said in one line
+                    reason = " ".join(str(exc).split())[:300]
+                    raise ModelUnavailable(
+                        f"cannot load the tokenizer of model {info.name!r} ({info.tokenizer}) "
+                        f"on this API host: {reason}; the API needs the same model files "
+                        "(or Hugging Face access) as the model's workers"
+                    ) from exc
             limits = self._limits
             ready = CatalogModel(
                 info=info,

@@ -102,6 +102,12 @@ class VllmEngine(SteppedVllm):
         """The LoRA adapters served besides the model: name -> path or Hugging Face id."""
         return dict(self._adapters)
 
+    @property
+    def chat_template(self) -> str | None:
+        """The chat template the engine's tokenizer renders chats with, if it has one."""
+        template = getattr(self._llm.get_tokenizer(), "chat_template", None)
+        return template if isinstance(template, str) else None
+
     def add(self, request: EngineRequest) -> None:
         lora = self._lora_of(request.model)
         try:

@@ -16,6 +16,7 @@ from inferq.db.engine import make_engine, make_sessions
 from inferq.db.jobs import JobStore
 from inferq.exceptions import StoreUnavailable
 from inferq.jobs import Job, JobStatus
+from tests.helpers.models import register_model
 from tests.helpers.processes import (
     INFERQ,
     ServiceProcess,
@@ -36,8 +37,16 @@ class Deployment:
         self.store = JobStore(make_sessions(self._engine))
         self.url = ""
 
-    def start(self) -> Deployment:
-        """API, the GPU-less maintenance worker and beat; GPU workers come separately."""
+    def start(self, *, registered: bool = True) -> Deployment:
+        """API, the GPU-less maintenance worker and beat; GPU workers come separately.
+        `registered`: the model is known as if a worker had served it before, so jobs
+        submitted before any worker starts are accepted and wait for one."""
+        if registered:
+            register_model(
+                self.env["INFERQ_DATABASE_URL"],
+                Path(self.env["INFERQ_MODEL"]),
+                name=self.env["INFERQ_SERVED_MODEL_NAME"],
+            )
         port = free_port()
         self.processes.append(start_api(env=self.env, port=port, log_dir=self.log_dir))
         self.url = f"http://127.0.0.1:{port}"

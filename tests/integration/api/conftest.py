@@ -47,7 +47,7 @@ def models_stack(
         env = service_env(
             model=tiny_model, database_url=database_url, key_prefix=prefix, **FAULT_SETTINGS
         )
-        deployment = Deployment(env=env, log_dir=logs, admin_key=ADMIN_KEY).start()
+        deployment = Deployment(env=env, log_dir=logs, admin_key=ADMIN_KEY).start(registered=False)
         overrides = {
             CHAT_MODEL: {
                 "INFERQ_SERVED_MODEL_NAME": CHAT_MODEL,

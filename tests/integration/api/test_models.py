@@ -13,6 +13,7 @@ from openai import BadRequestError, NotFoundError, OpenAI, UnprocessableEntityEr
 from sqlalchemy import select
 
 from inferq.db.models import JobRow
+from inferq.db.served_models import ModelStore
 from tests.conftest import ADMIN_KEY
 from tests.helpers.broker import Broker
 from tests.helpers.processes import http_ok
@@ -67,6 +68,13 @@ def test_every_registered_model_is_listed_with_who_serves_it(models_stack: Model
     workers = {w["name"]: w for w in status["workers"]}
     assert workers[f"{CHAT_MODEL}@test"]["adapters"] == [ADAPTER]
     assert f"interactive:{OTHER_MODEL}" in status["queues"]
+    # What each worker registered: what the API checks that model's requests against.
+    registered = {m.name: m for m in ModelStore(models_stack.deployment.store._sessions).all()}
+    assert registered[ADAPTER].base == CHAT_MODEL
+    assert registered[ADAPTER].max_model_len == registered[CHAT_MODEL].max_model_len == 1024
+    assert registered[CHAT_MODEL].chat_template  # the engine's tokenizer's
+    assert registered[EMBEDDING_MODEL].embedding_size == 128
+    assert not registered[EMBEDDING_MODEL].supports_dimensions
     # Each worker's metrics say what it serves.
     metrics = httpx.get(models_stack.workers[CHAT_MODEL].metrics_url).text
     assert f'model="{ADAPTER}"' in metrics

@@ -14,6 +14,7 @@ import pytest
 from tests.conftest import ADMIN_KEY, Stack, new_key_prefix
 from tests.helpers.databases import cloned_database
 from tests.helpers.metrics import Delta, scrape, value
+from tests.helpers.models import register_model
 from tests.helpers.processes import free_port, start_api
 from tests.helpers.waiting import wait_until
 
@@ -78,8 +79,9 @@ def test_api_metrics_count_requests_by_route_and_show_queue_depths(stack: Stack)
         == 1
     )
     assert delta("inferq_api_request_duration_seconds_count", method="POST", route="/v1/jobs") == 3
-    assert ("inferq_queue_depth", (("queue", "interactive"),)) in after
+    assert ("inferq_queue_depth", (("queue", "interactive:tiny"),)) in after
     assert value(after, "inferq_workers_online") == 1
+    assert value(after, "inferq_model_workers_online", model="tiny") == 1
 
 
 def test_status_shows_the_running_worker_and_its_throughput(stack: Stack) -> None:
@@ -99,13 +101,18 @@ def test_status_shows_the_running_worker_and_its_throughput(stack: Stack) -> Non
     assert worker["gpus"] == []
     assert worker["jobs_per_s"] > 0
     assert status["tokens_per_s"] > 0
-    assert set(status["queues"]) == {"interactive", "bulk"}
+    assert set(status["queues"]) == {"interactive:tiny", "bulk:tiny"}
+    assert status["models"] == [
+        {"name": "tiny", "base": "tiny", "runner": "generate", "workers": ["worker@test"]}
+    ]
 
 
 def test_status_shows_queue_depth_and_logs_can_be_json(
-    stack: Stack, tmp_path: Path, pg_template: str
+    stack: Stack, tmp_path: Path, pg_template: str, tiny_model: Path
 ) -> None:
     with cloned_database(pg_template) as database_url:
+        # A model once registered whose worker is gone: its jobs are accepted and wait.
+        register_model(database_url, tiny_model)
         # No worker reads this key space: what is submitted stays queued.
         env = {
             **stack.env,
@@ -125,8 +132,9 @@ def test_status_shows_queue_depth_and_logs_can_be_json(
                 status = client.get("/v1/status").json()
         finally:
             api.stop()
-    assert status["queues"] == {"interactive": 3, "bulk": 0}
+    assert status["queues"] == {"interactive:tiny": 3, "bulk:tiny": 0}
     assert status["workers"] == []
+    assert status["models"][0]["workers"] == []
     assert status["jobs_per_s"] == 0
     records = [json.loads(line) for line in api.log_path.read_text().splitlines() if line.strip()]
     assert {r["job_id"] for r in records if "job_id" in r} == set(ids)

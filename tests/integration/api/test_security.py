@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -235,12 +236,15 @@ def test_a_full_interactive_queue_answers_429_with_retry_after(
     stack: Stack,
     tmp_path,
     pg_template: str,  # type: ignore[no-untyped-def]
+    tiny_model: Path,
 ) -> None:
     from tests.conftest import ADMIN_KEY, new_key_prefix
     from tests.helpers.databases import cloned_database
+    from tests.helpers.models import register_model
     from tests.helpers.processes import free_port, start_api
 
     with cloned_database(pg_template) as database_url:
+        register_model(database_url, tiny_model)
         env = {
             **stack.env,
             "INFERQ_DATABASE_URL": database_url,

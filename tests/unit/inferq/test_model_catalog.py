@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferq.exceptions import InvalidRequest, ModelNotFound
+from inferq.exceptions import InvalidRequest, ModelNotFound, ModelUnavailable
 from inferq.model_catalog import REFRESH_S, ModelCatalog, RequestLimits
 from inferq.prompts import PromptRenderer
 from inferq.served_models import ServedModel, served_by
@@ -161,3 +161,26 @@ def _sampling():  # type: ignore[no-untyped-def]
     from inferq.validation import SamplingFields
 
     return SamplingFields(max_tokens=4)
+
+
+def test_warming_loads_every_tokenizer_and_skips_one_that_cannot_load(
+    renderer: PromptRenderer,
+) -> None:
+    loaded: list[str] = []
+
+    def load(served: ServedModel) -> PromptRenderer:
+        if served.tokenizer == "missing":
+            raise OSError("no such tokenizer")
+        loaded.append(served.name)
+        return renderer
+
+    broken = ServedModel(
+        name="broken", base="broken", runner="generate", tokenizer="missing", max_model_len=None
+    )
+    source = Registered(model("llama"), broken)
+    models = ModelCatalog(source, limits=LIMITS, load=load, clock=Clock())
+    models.warm()
+    assert loaded == ["llama"]
+    assert models.cached("llama") is not None  # the first request finds it ready
+    with pytest.raises(ModelUnavailable, match=r"'broken' .*no such tokenizer"):
+        models.get("broken")

@@ -168,11 +168,26 @@ class BatchStore(Store):
     ) -> Iterator[list[str]]:
         """The batch's job ids in `statuses` (queued ones by default), in line order, in
         chunks (for publishing)."""
+        for rows in self._line_chunks(batch_id, statuses):
+            yield [row.id for row in rows]
+
+    def queued_by_queue(self, batch_id: str) -> Iterator[tuple[str, list[str]]]:
+        """The batch's queued job ids in line order, in chunks of one queue each (for
+        publishing): `(queue, ids)`."""
+        for rows in self._line_chunks(batch_id, (JobStatus.QUEUED,)):
+            by_queue: dict[str, list[str]] = {}
+            for row in rows:
+                by_queue.setdefault(row.queue, []).append(row.id)
+            yield from by_queue.items()
+
+    def _line_chunks(self, batch_id: str, statuses: Sequence[JobStatus]) -> Iterator[list[Any]]:
+        """The id, line and queue of the batch's jobs in `statuses`, in line order, a
+        chunk per transaction."""
         last = 0
         while True:
             with self._transaction() as session:
                 rows = session.execute(
-                    select(JobRow.id, JobRow.line)
+                    select(JobRow.id, JobRow.line, JobRow.queue)
                     .where(JobRow.batch_id == batch_id, JobRow.line > last)
                     .where(JobRow.status.in_([status.value for status in statuses]))
                     .order_by(JobRow.line)
@@ -181,28 +196,7 @@ class BatchStore(Store):
             if not rows:
                 return
             last = rows[-1].line
-            yield [row.id for row in rows]
-
-    def queued_by_queue(self, batch_id: str) -> Iterator[tuple[str, list[str]]]:
-        """The batch's queued job ids in line order, in chunks of one queue each (for
-        publishing): `(queue, ids)`."""
-        last = 0
-        while True:
-            with self._transaction() as session:
-                rows = session.execute(
-                    select(JobRow.id, JobRow.line, JobRow.queue)
-                    .where(JobRow.batch_id == batch_id, JobRow.line > last)
-                    .where(JobRow.status == JobStatus.QUEUED.value)
-                    .order_by(JobRow.line)
-                    .limit(PUBLISH_CHUNK)
-                ).all()
-            if not rows:
-                return
-            last = rows[-1].line
-            by_queue: dict[str, list[str]] = {}
-            for row in rows:
-                by_queue.setdefault(row.queue, []).append(row.id)
-            yield from by_queue.items()
+            yield list(rows)
 
     def stop(
         self, batch_id: str, *, scope: str | None = None, code: str, message: str

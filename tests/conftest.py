@@ -1,8 +1,16 @@
 """Session fixtures: the tiny model, a migrated database template, key-space isolation,
-and the running stack (API + GPU worker as real processes on real Redis and Postgres)."""
+and the running stack (API + GPU worker as real processes on real Redis and Postgres).
+
+The suite runs on two pytest-xdist workers (`scripts/test`). Each worker has its own
+session fixtures (database template, stack); a fixture that starts engines for a module or
+package keeps its tests on one worker with an `xdist_group` mark, so it starts once. The
+heaviest tests go first, so the two workers end together rather than one waiting on the
+other's last fault test.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 from collections.abc import Callable, Iterator
@@ -36,11 +44,38 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 MODEL_NAME = "tiny"
 
 
+# Fixtures that start the real engine: a test using any of them is an `engine` test.
+ENGINE_FIXTURES = frozenset({"stack", "models_stack", "deployment"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.engine)
+    # Stable, and constant within a file: a module's tests stay together.
+    items.sort(key=_heaviness)
+
+
+def _heaviness(item: pytest.Item) -> int:
+    """0 first: tests sharing engines of their own, then fault tests (a deployment each,
+    a minute or more), then the rest of the integration tests, then unit tests."""
+    if item.get_closest_marker("xdist_group"):
+        return 0
+    parts = item.path.parts
+    if "fault" in parts:
+        return 1
+    return 2 if "integration" in parts else 3
+
+
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     """The tiny Llama (random weights, trained tokenizer), built offline once and cached."""
     cache = Path(os.environ.get("INFERQ_TEST_CACHE", Path.home() / ".cache" / "inferq-tests"))
-    return build_demo_model(cache / "tiny", TINY)
+    cache.mkdir(parents=True, exist_ok=True)
+    # Both xdist workers ask for it at once: one builds, the other waits and reuses it.
+    with (cache / "tiny.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return build_demo_model(cache / "tiny", TINY)
 
 
 @pytest.fixture(scope="session")

@@ -23,15 +23,15 @@ def test_flushall_on_redis_mid_run_loses_nothing(
 ) -> None:
     deployed = deployment(redis_url=own_redis)
     deployed.start_worker("gpu-a")
-    # About half a minute of work for the tiny model: most of it still waits in Redis.
-    ids = deployed.submit(_bodies(300, 400))
+    # Seconds of work for the tiny model: most of it still waits in Redis.
+    ids = deployed.submit(_bodies(150, 400))
     deployed.wait_done_count(ids, 10)
     queued = sum(1 for j in deployed.jobs(ids) if j.status is JobStatus.QUEUED)
     redis.Redis.from_url(own_redis).flushall()
     jobs = deployed.wait_all_ended(ids)
 
     assert queued > 20  # the flush took their messages
-    assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 300
+    assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 150
     assert all(j.result is not None and j.result.completion_tokens == 400 for j in jobs)
 
 
@@ -40,17 +40,22 @@ def test_a_postgres_restart_mid_write_loses_nothing_and_fails_nothing(
 ) -> None:
     deployed = deployment(database_url=own_postgres.url("inferq"))
     worker = deployed.start_worker("gpu-a")
-    # Enough work that much of it is still to be written when Postgres stops, however
-    # fast the tiny model runs here.
-    ids = deployed.submit(_bodies(300, 200))
-    deployed.wait_done_count(ids, 30)
-    own_postgres.stop()
+    ids = deployed.submit(_bodies(150, 200))
+    deployed.wait_done_and_running(ids, 30)
+    # Postgres stops while the worker (and its engine) is frozen holding running jobs: they
+    # are still to be written when it goes on, however fast the tiny model runs here.
+    with worker.frozen():
+        held = sum(1 for j in deployed.jobs(ids) if j.status is JobStatus.RUNNING)
+        own_postgres.stop()
+    assert held > 0
     # Down until the worker has failed to write results (it keeps them and retries).
-    worker.wait_until(log_contains(worker, "cannot write"), timeout_s=60, what="meeting the outage")
+    worker.wait_until(
+        log_contains(worker, "cannot write"), timeout_s=120, what="meeting the outage"
+    )
     own_postgres.start()
     jobs = deployed.wait_all_ended(ids)
 
-    assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 300
+    assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 150
     assert all(j.result is not None and j.result.completion_tokens == 200 for j in jobs)
     # The worker rode it out: the same process, still serving.
     assert worker.alive()

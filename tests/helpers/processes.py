@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import httpx
@@ -58,6 +58,21 @@ class ServiceProcess:
     def signal(self, signum: int) -> None:
         if self.alive():
             self.process.send_signal(signum)
+
+    def signal_group(self, signum: int) -> None:
+        """Signal the process and everything it started: SIGSTOP freezes vLLM's engine core
+        too, which otherwise goes on generating while its parent is stopped."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signum)
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """The process and its children stopped (SIGSTOP) until the block ends."""
+        self.signal_group(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            self.signal_group(signal.SIGCONT)
 
     def kill_group(self) -> None:
         """SIGKILL the process and everything it started (vLLM's engine processes too)."""

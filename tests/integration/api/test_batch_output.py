@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from openai import OpenAI
 from sqlalchemy import select
 
 from inferq.db.models import JobRow
@@ -93,25 +94,10 @@ def test_lines_are_read_while_the_batch_runs_none_missed_or_repeated(stack: Stac
     batch_id = running_batch(stack)
     with stack.client() as http:
         first = quick_lines_ended(http, batch_id)
-        assert not first.ended
-        assert QUICK <= first.cursor < QUICK + SLOW
-        # Every line up to the cursor has ended and is here; the next had not ended.
-        assert custom_ids(first.lines) == [f"req-{i}" for i in range(first.cursor)]
-        assert all(line["error"] is None for line in first.lines)
-        with stack.store._sessions() as session:
-            next_finished = session.scalar(
-                select(JobRow.finished_at).where(
-                    JobRow.batch_id == batch_id, JobRow.line == first.cursor + 1
-                )
-            )
-        assert next_finished is None or next_finished >= first.asked_at
-
-        second = read_output(http, batch_id, after=first.cursor)
-        assert second.cursor >= first.cursor
-        assert custom_ids(second.lines) == [f"req-{i}" for i in range(first.cursor, second.cursor)]
-
-        cancelled = client.batches.cancel(batch_id)
-        assert cancelled.status in {"cancelling", "cancelled"}
+        # The worker (and its engine) frozen until the batch is cancelled: however quick
+        # the machine, the slow lines are still running when it is.
+        with stack.worker.frozen():
+            second = _read_while_running(stack, http, client, batch_id, first)
         rest: list[dict[str, Any]] = []
         cursor = second.cursor
 
@@ -139,6 +125,32 @@ def test_lines_are_read_while_the_batch_runs_none_missed_or_repeated(stack: Stac
         # From the start, with errors: the two files interleaved; without: the output file.
         assert read_output(http, batch_id, errors=True).lines == final
         assert read_output(http, batch_id).lines == read_lines(client, batch.output_file_id)
+
+
+def _read_while_running(
+    stack: Stack, http: httpx.Client, client: OpenAI, batch_id: str, first: Partial
+) -> Partial:
+    """Check what was read of the running batch, read on from its cursor, then cancel it."""
+    assert not first.ended
+    assert QUICK <= first.cursor < QUICK + SLOW
+    # Every line up to the cursor has ended and is here; the next had not ended.
+    assert custom_ids(first.lines) == [f"req-{i}" for i in range(first.cursor)]
+    assert all(line["error"] is None for line in first.lines)
+    with stack.store._sessions() as session:
+        next_finished = session.scalar(
+            select(JobRow.finished_at).where(
+                JobRow.batch_id == batch_id, JobRow.line == first.cursor + 1
+            )
+        )
+    assert next_finished is None or next_finished >= first.asked_at
+
+    second = read_output(http, batch_id, after=first.cursor)
+    assert second.cursor >= first.cursor
+    assert custom_ids(second.lines) == [f"req-{i}" for i in range(first.cursor, second.cursor)]
+
+    cancelled = client.batches.cancel(batch_id)
+    assert cancelled.status in {"cancelling", "cancelled"}
+    return second
 
 
 def test_an_unknown_or_foreign_batch_is_not_found_and_a_bad_query_is_refused(

@@ -18,7 +18,7 @@ from tests.conftest import ADMIN_KEY
 from tests.integration.api.conftest import CHAT_MODEL, EMBEDDING_MODEL, ModelsStack
 from tests.integration.api.test_batches import read_lines, upload, wait_for
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("models_stack")]
 
 TEXTS = ["a", "b b", "The cat sat on the mat.", "a", "Queues keep the engine full."]
 # What a vector must match another computed in another batch of the engine by.

@@ -27,7 +27,7 @@ from tests.integration.api.conftest import (
 )
 from tests.integration.api.test_batches import read_lines, upload, wait_for
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("models_stack")]
 
 SEEDED = {"max_tokens": 12, "temperature": 0.9, "seed": 1234}
 PROMPT = "The quick brown fox"

@@ -197,7 +197,7 @@ def _wait_aborted(stack: Stack, before: Samples) -> None:
 
 def test_a_client_that_gives_up_waiting_for_an_unstreamed_answer_cancels_it(stack: Stack) -> None:
     before = scrape(stack.worker.metrics_url)
-    # Eight choices of 900 tokens: seconds of work for the tiny model.
+    # Eight choices of 900 tokens: the job runs for hundreds of engine steps.
     body = {
         "model": MODEL_NAME,
         "prompt": "A long story",
@@ -216,10 +216,14 @@ def test_a_client_that_gives_up_waiting_for_an_unstreamed_answer_cancels_it(stac
                 if jobs and jobs[0]["status"] == "running":
                     break
                 await asyncio.sleep(0.05)
-            request.cancel()  # closes the connection: the client hangs up
-            with contextlib.suppress(asyncio.CancelledError):
-                await request
             job_id: str = jobs[0]["id"]
+            # The worker (and its engine) frozen while the client hangs up, so a quick
+            # machine cannot finish the job before the hang-up reaches it.
+            with stack.worker.frozen():
+                request.cancel()  # closes the connection: the client hangs up
+                with contextlib.suppress(asyncio.CancelledError):
+                    await request
+                await _wait_status(client, job_id, "cancelled")
             return job_id
 
     job_id = asyncio.run(give_up_once_running())
@@ -227,6 +231,13 @@ def test_a_client_that_gives_up_waiting_for_an_unstreamed_answer_cancels_it(stac
     assert job["params"]["max_tokens"] == 900
     assert job["choices"] is None
     _wait_aborted(stack, before)
+
+
+async def _wait_status(client: httpx.AsyncClient, job_id: str, status: str) -> None:
+    deadline = time.monotonic() + 30
+    while (await client.get(f"/v1/jobs/{job_id}")).json()["status"] != status:
+        assert time.monotonic() < deadline, f"job {job_id} never {status}"
+        await asyncio.sleep(0.05)
 
 
 def test_an_error_after_the_stream_started_arrives_as_an_event(stack: Stack) -> None:

@@ -20,7 +20,7 @@ from inferq.prompt_files import Defaults, prepare
 from inferq.settings import Settings
 from tests.helpers.processes import INFERQ
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("local_run")]
 
 ROOT = Path(__file__).resolve().parents[3]
 

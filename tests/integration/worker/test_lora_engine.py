@@ -21,7 +21,11 @@ if TYPE_CHECKING:
     from worker.vllm_engine import VllmEngine
 
 # Importing vLLM (and torch) warns of their own deprecations.
-pytestmark = [pytest.mark.engine, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.xdist_group("lora_engine"),
+]
 
 ADAPTER = "tiny-lora"
 PROMPT = [5, 17, 42, 99, 7, 64]

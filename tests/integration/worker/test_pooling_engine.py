@@ -22,7 +22,11 @@ if TYPE_CHECKING:
     from worker.vllm_pooling import VllmPoolingEngine
 
 # Importing vLLM (and torch) warns of their own deprecations.
-pytestmark = [pytest.mark.engine, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.xdist_group("pooling_engine"),
+]
 
 TEXTS = ("The cat sat on the mat.", "Queues keep the engine full.", "A third, longer sentence.")
 

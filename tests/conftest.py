@@ -40,6 +40,13 @@ from tests.helpers.processes import (
     wait_worker_ready,
 )
 
+# vLLM on a CPU pins each engine's OpenMP thread to the last core by default, so the
+# engines of the two test processes (and of a deployment's several workers) would all share
+# one core while the other waits on Python. Unpinned, one thread each, the OS spreads them.
+# Set here, before any engine or inferq process starts: they inherit it.
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 REDIS_URL = "redis://127.0.0.1:6379/0"
 MODEL_NAME = "tiny"
 

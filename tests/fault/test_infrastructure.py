@@ -23,16 +23,17 @@ def test_flushall_on_redis_mid_run_loses_nothing(
 ) -> None:
     deployed = deployment(redis_url=own_redis)
     deployed.start_worker("gpu-a")
-    # Seconds of work for the tiny model: most of it still waits in Redis.
-    ids = deployed.submit(_bodies(150, 400))
+    # 300 jobs, so that most still wait in Redis when 10 have ended: the worker takes
+    # whole messages of several jobs each, far more than it runs at once.
+    ids = deployed.submit(_bodies(300, 200))
     deployed.wait_done_count(ids, 10)
     queued = sum(1 for j in deployed.jobs(ids) if j.status is JobStatus.QUEUED)
     redis.Redis.from_url(own_redis).flushall()
     jobs = deployed.wait_all_ended(ids)
 
     assert queued > 20  # the flush took their messages
-    assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 150
-    assert all(j.result is not None and j.result.completion_tokens == 400 for j in jobs)
+    assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 300
+    assert all(j.result is not None and j.result.completion_tokens == 200 for j in jobs)
 
 
 def test_a_postgres_restart_mid_write_loses_nothing_and_fails_nothing(

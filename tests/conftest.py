@@ -226,7 +226,7 @@ def stack(
             )
         finally:
             for process in (beat, service, worker, api):
-                process.stop()
+                process.discard()
             engine.dispose()
             delete_keys(prefix)
 

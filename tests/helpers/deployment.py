@@ -70,8 +70,9 @@ class Deployment:
         return worker
 
     def stop(self) -> None:
+        """Tear the deployment down: every process killed (see `ServiceProcess.discard`)."""
         for process in reversed(self.processes):
-            process.stop(timeout_s=10)
+            process.discard()
         self._engine.dispose()
 
     def client(self) -> httpx.Client:

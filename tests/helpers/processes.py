@@ -80,6 +80,13 @@ class ServiceProcess:
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(10)
 
+    def discard(self) -> None:
+        """Kill the process and its children at once: for tearing down a test's deployment,
+        whose graceful stop is no part of what the test checks (a GPU worker's takes
+        seconds of vLLM's own shutdown wait; the graceful stop has tests of its own)."""
+        self.kill_group()
+        self._log.close()
+
     def stop(self, timeout_s: float = 30) -> None:
         if self.alive():
             self.signal(signal.SIGTERM)

@@ -40,9 +40,10 @@ from tests.helpers.processes import (
     wait_worker_ready,
 )
 
-# vLLM on a CPU pins each engine's OpenMP thread to the last core by default, so the
-# engines of the two test processes (and of a deployment's several workers) would all share
-# one core while the other waits on Python. Unpinned, one thread each, the OS spreads them.
+# vLLM on a CPU pins each engine's worker process to one core by default, the same core for
+# every engine (seen here: core 0 of 2, the other "reserved"), so the engines of the two test
+# processes and of a deployment's several workers would all share it. Unpinned, one OpenMP
+# thread each, the OS spreads them.
 # Set here, before any engine or inferq process starts: they inherit it.
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 os.environ.setdefault("OMP_NUM_THREADS", "1")

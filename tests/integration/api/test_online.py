@@ -176,8 +176,11 @@ def test_a_client_that_hangs_up_mid_stream_cancels_its_request(stack: Stack) -> 
         seen.append(chunk)
         if sum(bool(c.choices and c.choices[0].delta.content) for c in seen) == 3:
             break
-    stream.close()
-    job = wait_job(stack, job_id_of(seen[0].id), "cancelled")
+    # The worker (and its engine) frozen while the client hangs up, so a quick machine
+    # cannot finish the job before the hang-up reaches it.
+    with stack.worker.frozen():
+        stream.close()
+        job = wait_job(stack, job_id_of(seen[0].id), "cancelled")
     assert job["choices"] is None
     _wait_aborted(stack, before)
 
@@ -243,13 +246,14 @@ async def _wait_status(client: httpx.AsyncClient, job_id: str, status: str) -> N
 def test_an_error_after_the_stream_started_arrives_as_an_event(stack: Stack) -> None:
     client = client_for(stack)
     cancelled = []
-    # Cancelled as soon as the stream has started (its first chunk, a role), before the
-    # tiny model (quick enough to write all its output before a later cancel lands) can
-    # have finished.
+    # Cancelled as soon as the stream has started (its first chunk, a role), with the
+    # worker (and its engine) frozen until the cancel has landed: the tiny model is quick
+    # enough to write all its output first otherwise.
     with stack.client() as http, pytest.raises(openai.APIError, match="cancelled"):  # noqa: PT012
         for chunk in long_stream(client):
             if not cancelled:
-                cancelled.append(http.post(f"/v1/jobs/{job_id_of(chunk.id)}/cancel"))
+                with stack.worker.frozen():
+                    cancelled.append(http.post(f"/v1/jobs/{job_id_of(chunk.id)}/cancel"))
     assert [r.status_code for r in cancelled] == [200]
 
 

@@ -22,9 +22,10 @@ def test_flushall_on_redis_mid_run_loses_nothing(
     own_redis: str, deployment: DeploymentFactory
 ) -> None:
     deployed = deployment(redis_url=own_redis)
-    deployed.start_worker("gpu-a")
-    # 300 jobs, so that most still wait in Redis when 10 have ended: the worker takes
-    # whole messages of several jobs each, far more than it runs at once.
+    # Two messages held at once: a message carries every job submitted together (up to the
+    # 32 the client sends at a time), and the default holds enough of them to take all 300
+    # jobs before 10 have ended on a quick machine, leaving nothing in Redis to flush.
+    deployed.start_worker("gpu-a", INFERQ_WORKER_CONCURRENCY="2")
     ids = deployed.submit(_bodies(300, 200))
     deployed.wait_done_count(ids, 10)
     queued = sum(1 for j in deployed.jobs(ids) if j.status is JobStatus.QUEUED)

@@ -87,7 +87,7 @@ def test_sigkill_while_jobs_wait_for_admission_loses_nothing(
     first = deployed.start_worker(
         "gpu-a", INFERQ_MAX_NUM_SEQS="2", INFERQ_MAX_BATCH_SIZE="2", INFERQ_WORKER_CONCURRENCY="64"
     )
-    ids = deployed.submit(_bodies(100, 64))
+    ids = deployed.submit(_bodies(150, 64))
     client = redis.Redis.from_url(deployed.env["INFERQ_REDIS_URL"])
 
     def taken() -> int:
@@ -107,7 +107,7 @@ def test_sigkill_while_jobs_wait_for_admission_loses_nothing(
     deployed.start_worker("gpu-b")
     jobs = deployed.wait_all_ended(ids)
 
-    assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 100
+    assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 150
     assert all(j.result is not None and j.result.completion_tokens == 64 for j in jobs)
     by_id = {j.id: j for j in jobs}
     assert all(by_id[j.id].attempts == 2 for j in held)

@@ -226,7 +226,7 @@ def test_a_client_that_gives_up_waiting_for_an_unstreamed_answer_cancels_it(stac
                 request.cancel()  # closes the connection: the client hangs up
                 with contextlib.suppress(asyncio.CancelledError):
                     await request
-                await _wait_status(client, job_id, "cancelled")
+                await asyncio.to_thread(wait_job, stack, job_id, "cancelled")
             return job_id
 
     job_id = asyncio.run(give_up_once_running())
@@ -234,13 +234,6 @@ def test_a_client_that_gives_up_waiting_for_an_unstreamed_answer_cancels_it(stac
     assert job["params"]["max_tokens"] == 900
     assert job["choices"] is None
     _wait_aborted(stack, before)
-
-
-async def _wait_status(client: httpx.AsyncClient, job_id: str, status: str) -> None:
-    deadline = time.monotonic() + 30
-    while (await client.get(f"/v1/jobs/{job_id}")).json()["status"] != status:
-        assert time.monotonic() < deadline, f"job {job_id} never {status}"
-        await asyncio.sleep(0.05)
 
 
 def test_an_error_after_the_stream_started_arrives_as_an_event(stack: Stack) -> None:

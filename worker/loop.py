@@ -81,6 +81,7 @@ class EngineLoop:
         self._aborts_lock = threading.Lock()
         self._admitting = threading.Event()
         self._admitting.set()
+        self._taking = False  # requests are between the admission queue and `_in_flight`
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self.engine_restarts = 0
@@ -88,6 +89,11 @@ class EngineLoop:
     @property
     def in_flight(self) -> int:
         return len(self._in_flight)
+
+    @property
+    def busy(self) -> bool:
+        """Whether requests are in the engine or on their way into it."""
+        return self._taking or bool(self._in_flight)
 
     @property
     def sequences(self) -> int:
@@ -142,14 +148,19 @@ class EngineLoop:
                 self._admit(request)
             return
         room = self._max_num_seqs - len(self._in_flight)
-        batch = self._admission.take(
-            room,
-            interactive_room=room + self._interactive_seqs,
-            idle=not self._in_flight,
-            timeout_s=IDLE_POLL_S,
-        )
-        for request in batch:
-            self._admit(request)
+        # Set before the take: a drain must never see a request that is in neither place.
+        self._taking = True
+        try:
+            batch = self._admission.take(
+                room,
+                interactive_room=room + self._interactive_seqs,
+                idle=not self._in_flight,
+                timeout_s=IDLE_POLL_S,
+            )
+            for request in batch:
+                self._admit(request)
+        finally:
+            self._taking = False
         if batch:
             self._metrics.admission_batch_size.observe(len(batch))
 

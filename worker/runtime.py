@@ -7,9 +7,10 @@ pub/sub offer, the moment they are submitted (see worker/admission.py for when t
 taken that way). While jobs are held, the lease keeper (worker/leases.py) renews them.
 
 On shutdown the runtime drains: nothing new is admitted, jobs not yet in the engine go
-back to queued at once, jobs in the engine get `drain_timeout_s` to finish, and whatever
-is left is aborted and goes back too. A task whose jobs went back raises `JobsReturned`,
-so its message returns to Redis instead of being acknowledged.
+back to queued at once, jobs in the engine (or entering it, or being written) get
+`drain_timeout_s` to finish, and whatever is left is aborted and goes back too. A task
+whose jobs went back raises `JobsReturned`, so its message returns to Redis instead of
+being acknowledged.
 """
 
 from __future__ import annotations
@@ -199,8 +200,9 @@ class EngineRuntime:
             self._release(mine)
 
     def drain(self, timeout_s: float) -> None:
-        """Stop taking work, let jobs in the engine finish (up to `timeout_s`), give back
-        the rest. Called once, when the worker is told to shut down."""
+        """Stop taking work, let jobs in the engine or on their way in or out of it finish
+        (up to `timeout_s`), give back the rest. Called once, when the worker is told to
+        shut down."""
         if self._draining.is_set():
             return
         self._draining.set()
@@ -215,10 +217,21 @@ class EngineRuntime:
             timeout_s,
         )
         deadline = time.monotonic() + timeout_s
-        while self.loop.in_flight and time.monotonic() < deadline:
+        # Not only the engine's jobs: the loop may be adding some that it took from the
+        # admission queue, and finished ones wait for the writer (a job given back then
+        # would run again elsewhere, its result here thrown away).
+        while self._tickets and (self.loop.busy or self._writer.pending):
+            if time.monotonic() >= deadline:
+                left = self._tickets.ids()
+                log.warning("drain timeout: %d unfinished jobs go back to the queue", len(left))
+                self.loop.abort(left)
+                self._give_back(left)
+                return
             time.sleep(DRAIN_POLL_S)
+        # Held but going nowhere: on probation (the loop admits nothing now), or claimed
+        # by a task that has not reached the admission queue (it gives them back too).
         if left := self._tickets.ids():
-            log.warning("drain timeout: %d unfinished jobs go back to the queue", len(left))
+            log.info("drained: %d jobs not in the engine go back to the queue", len(left))
             self.loop.abort(left)
             self._give_back(left)
 

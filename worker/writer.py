@@ -38,12 +38,21 @@ class ResultWriter:
         self._flush_s = flush_ms / 1000
         self._on_committed = on_committed
         self._queue: queue.SimpleQueue[JobOutcome | None] = queue.SimpleQueue()
+        self._pending = 0  # put and not yet committed
+        self._pending_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="result-writer", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def pending(self) -> int:
+        """Outcomes put and not yet committed (nor handed to `on_committed`)."""
+        return self._pending
+
     def put(self, outcome: JobOutcome) -> None:
+        with self._pending_lock:
+            self._pending += 1
         self._queue.put(outcome)
 
     def stop(self, timeout_s: float = 30) -> None:
@@ -89,7 +98,11 @@ class ResultWriter:
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
             break
-        self._on_committed(batch, written)
+        try:
+            self._on_committed(batch, written)
+        finally:
+            with self._pending_lock:
+                self._pending -= len(batch)
 
     def _write_batch(self, batch: list[JobOutcome]) -> list[str]:
         try:

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from inferq.exceptions import JobsReturned
 from inferq.jobs import ClaimedJob, JobOutcome, JobResult, JobStatus, engine_priority
 from tests.helpers.fakes import HeldEngine, MemoryJobStore, StepEngine
+from worker.engine import EngineRequest
 from worker.metrics import WorkerMetrics
 from worker.runtime import EngineRuntime
 
@@ -253,13 +254,81 @@ def test_a_drain_gives_back_jobs_not_yet_in_the_engine_and_lets_running_ones_fin
     assert not drain.is_alive()
 
     assert isinstance(task.result(), JobsReturned)
-    # A job that left the engine but is not yet written may have been given back as well;
-    # its result is written all the same.
     assert store.wait_for(lambda: store.jobs["running"].status is JobStatus.SUCCEEDED)
     assert store.jobs["pending"].worker is None
     assert engine.admitted == ["running"]
     with pytest.raises(JobsReturned):
         runtime.run(["late"], interactive=False)
+
+
+class _SlowToAdd(StepEngine):
+    """A StepEngine that blocks in `add` for one job until `go` is set."""
+
+    def __init__(self, slow: str) -> None:
+        super().__init__()
+        self.slow = slow
+        self.adding = threading.Event()
+        self.go = threading.Event()
+
+    def add(self, request: EngineRequest) -> None:
+        if request.job_id == self.slow:
+            self.adding.set()
+            self.go.wait(WAIT_S)
+        super().add(request)
+
+
+def test_a_drain_lets_jobs_entering_the_engine_or_being_written_finish(
+    make_runtime: MakeRuntime,
+) -> None:
+    store = MemoryJobStore()
+    store.add("written", max_tokens=1)
+    store.add("entering")
+    store.add("pending")
+    engine = _SlowToAdd("entering")
+    writing, write = threading.Event(), threading.Event()
+    finish, release = store.finish_jobs, store.release_jobs
+
+    def slow_finish(outcomes: Sequence[JobOutcome]) -> list[str]:
+        if any(o.job_id == "written" for o in outcomes):
+            writing.set()
+            write.wait(WAIT_S)
+        return finish(outcomes)
+
+    def release_then_go_on(
+        job_ids: Sequence[str], *, worker: str, requeue_after_s: int
+    ) -> list[str]:
+        released = release(job_ids, worker=worker, requeue_after_s=requeue_after_s)
+        # The drain has given back what waited for the engine: now the job being added
+        # and the result being written may go on.
+        engine.go.set()
+        write.set()
+        return released
+
+    store.finish_jobs = slow_finish  # type: ignore[method-assign]
+    store.release_jobs = release_then_go_on  # type: ignore[method-assign]
+    runtime = make_runtime(store=store, engine=engine, max_num_seqs=1)
+    written = Task(runtime, ["written"])
+    assert writing.wait(WAIT_S)
+    both = Task(runtime, ["entering", "pending"])
+    assert engine.adding.wait(WAIT_S)
+    assert wait_until(lambda: len(runtime.admission) == 1)
+
+    drain = threading.Thread(target=runtime.drain, args=(WAIT_S,), daemon=True)
+    drain.start()
+    drain.join(WAIT_S)
+    assert not drain.is_alive()
+
+    # The result being written was kept, and its message will be acknowledged ...
+    assert written.result() is None
+    assert store.status("written") is JobStatus.SUCCEEDED
+    # ... the job on its way into the engine ran to its end, once ...
+    assert store.status("entering") is JobStatus.SUCCEEDED
+    assert engine.aborted == []
+    assert store.jobs["entering"].claims == 1
+    # ... and only the job that waited for the engine went back.
+    assert isinstance(both.result(), JobsReturned)
+    assert store.status("pending") is JobStatus.QUEUED
+    assert runtime.held == 0
 
 
 def test_a_drain_that_times_out_aborts_what_is_left_and_gives_it_back(

@@ -87,7 +87,10 @@ def test_sigkill_while_jobs_wait_for_admission_loses_nothing(
     first = deployed.start_worker(
         "gpu-a", INFERQ_MAX_NUM_SEQS="2", INFERQ_MAX_BATCH_SIZE="2", INFERQ_WORKER_CONCURRENCY="64"
     )
-    ids = deployed.submit(_bodies(150, 64))
+    # Frozen while the jobs are submitted: it finds a backlog, which on a loaded machine
+    # it would not (submitting can be slower than running).
+    with first.frozen():
+        ids = deployed.submit(_bodies(150, 64))
     client = redis.Redis.from_url(deployed.env["INFERQ_REDIS_URL"])
 
     def taken() -> int:

@@ -171,7 +171,9 @@ def _check_dimensions(dimensions: int | None, model: CatalogModel) -> None:
     info = model.info
     if dimensions is None:
         return
-    if not info.supports_dimensions:
+    # Both are unknown until a worker has loaded the model (it was announced before):
+    # the engine then says whether it can shorten the vectors.
+    if not info.supports_dimensions and info.embedding_size is not None:
         raise InvalidRequest(
             f"model {info.name!r} cannot shorten its vectors: remove dimensions (its "
             f"vectors have {info.embedding_size} dimensions)",

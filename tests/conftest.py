@@ -258,11 +258,16 @@ DeploymentFactory = Callable[..., Deployment]
 
 @pytest.fixture
 def deployment(tiny_model: Path, pg_template: str, tmp_path: Path) -> Iterator[DeploymentFactory]:
-    """Builds a started deployment; `database_url`/`redis_url` point it at own servers."""
+    """Builds a started deployment; `database_url`/`redis_url` point it at own servers,
+    `registered=False` starts it with no model known (as a fresh one)."""
     with ExitStack() as cleanup:
 
         def build(
-            *, database_url: str | None = None, redis_url: str | None = None, **extra: str
+            *,
+            database_url: str | None = None,
+            redis_url: str | None = None,
+            registered: bool = True,
+            **extra: str,
         ) -> Deployment:
             url = database_url or cleanup.enter_context(cloned_database(pg_template))
             prefix = new_key_prefix()
@@ -278,7 +283,7 @@ def deployment(tiny_model: Path, pg_template: str, tmp_path: Path) -> Iterator[D
                 cleanup.callback(delete_keys, prefix)
             made = Deployment(env=env, log_dir=tmp_path, admin_key=ADMIN_KEY)
             cleanup.callback(made.stop)
-            return made.start()
+            return made.start(registered=registered)
 
         yield build
 

@@ -23,6 +23,7 @@ from inferq.events import JobEvents
 from inferq.exceptions import InferqError
 from inferq.preflight import engine_settings
 from inferq.queues import gpu_queues
+from inferq.served_models import served_by
 from inferq.settings import Settings
 from inferq.token_stream import TokenStreamWriter
 from inferq.worker_registry import WorkerRegistry
@@ -90,6 +91,10 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
     redis = Redis.from_url(settings.redis_url)
     # Before anything loads: one line and a non-zero exit if this host cannot run the model.
     settings = engine_settings(settings)
+    # Known before the weights load (minutes, for a large model): the API accepts and
+    # queues the model's work from now on, where it would say 404 until the worker is up.
+    if announced := ModelStore(sessions).announce(served_by(settings)):
+        log.info("announced %s: its work is accepted while the model loads", ", ".join(announced))
     engine = build_engine(settings)
     tokens = TokenPublisher(
         TokenStreamWriter(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 
 from sqlalchemy import delete, select
+from sqlalchemy.dialects import postgresql, sqlite
 
 from inferq.db.models import ServedModelRow
 from inferq.db.store import Store, utcnow
@@ -30,26 +32,35 @@ class ModelStore(Store):
             for model in models:
                 session.merge(_row(model, now))
 
+    def announce(self, models: Sequence[ServedModel]) -> list[str]:
+        """Record names a starting worker will serve, before its engine has loaded, so the
+        API accepts (and queues) their work from then on; a name already registered keeps
+        what its last loaded worker said. Returns the names that were new."""
+        if not models:
+            return []
+        now = utcnow()
+        with self._transaction() as session:
+            dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+            statement = (
+                dialect.insert(ServedModelRow)
+                .values([{**_values(model), "registered_at": now} for model in models])
+                .on_conflict_do_nothing()
+                .returning(ServedModelRow.name)
+            )
+            return sorted(session.scalars(statement))
+
     def all(self) -> list[ServedModel]:
         with self._reading() as session:
             rows = session.scalars(select(ServedModelRow).order_by(ServedModelRow.name))
             return [_model(row) for row in rows]
 
 
+def _values(model: ServedModel) -> dict[str, object]:
+    return asdict(model)
+
+
 def _row(model: ServedModel, now: object) -> ServedModelRow:
-    return ServedModelRow(
-        name=model.name,
-        base=model.base,
-        runner=model.runner,
-        tokenizer=model.tokenizer,
-        max_model_len=model.max_model_len,
-        chat_template=model.chat_template,
-        tool_call_parser=model.tool_call_parser,
-        adapter=model.adapter,
-        embedding_size=model.embedding_size,
-        supports_dimensions=model.supports_dimensions,
-        registered_at=now,
-    )
+    return ServedModelRow(**_values(model), registered_at=now)
 
 
 def _model(row: ServedModelRow) -> ServedModel:

@@ -14,6 +14,7 @@ import httpx
 
 from inferq.db.engine import make_engine, make_sessions
 from inferq.db.jobs import JobStore
+from inferq.db.served_models import ModelStore
 from inferq.exceptions import StoreUnavailable
 from inferq.jobs import Job, JobStatus
 from tests.helpers.models import register_model
@@ -35,6 +36,7 @@ class Deployment:
         self.processes: list[ServiceProcess] = []
         self._engine = make_engine(env["INFERQ_DATABASE_URL"], pool_size=2)
         self.store = JobStore(make_sessions(self._engine))
+        self.models = ModelStore(make_sessions(self._engine))
         self.url = ""
 
     def start(self, *, registered: bool = True) -> Deployment:

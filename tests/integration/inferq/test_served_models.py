@@ -47,6 +47,23 @@ def test_a_worker_registering_again_replaces_what_its_model_served(database_url:
     engine.dispose()
 
 
+def test_a_starting_worker_announces_its_names_without_undoing_a_loaded_registration(
+    database_url: str,
+) -> None:
+    engine = make_engine(database_url, pool_size=1)
+    models = ModelStore(make_sessions(engine))
+    # What settings alone say: the context is the model's own until the engine has loaded.
+    starting = dataclasses.replace(LLAMA, max_model_len=None)
+    assert models.announce([starting, dataclasses.replace(adapter("sql"), max_model_len=None)])
+    assert [m.name for m in models.all()] == ["llama", "sql"]
+    assert models.all()[0] == starting
+    models.register([LLAMA, adapter("sql")])
+    # Restarted: the loaded worker's registration stands until the new one has loaded.
+    assert models.announce([starting]) == []
+    assert models.all() == [LLAMA, adapter("sql")]
+    engine.dispose()
+
+
 def test_upgrading_moves_waiting_jobs_to_their_models_queues(database_url: str) -> None:
     engine = make_engine(database_url, pool_size=1)
     sessions = make_sessions(engine)

@@ -4,6 +4,7 @@ the response rendered from stored vectors, and embedding lines of a batch file."
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import struct
 from datetime import UTC, datetime
@@ -204,6 +205,10 @@ def test_dimensions_need_a_model_that_can_shorten_its_vectors(
     with pytest.raises(InvalidRequest, match="ask for at most 64") as too_many:
         spec_of(matryoshka, input="a", dimensions=65)
     assert too_many.value.param == "dimensions"
+    # Announced by a worker still loading it: what it can do is not known yet, so the
+    # engine decides (a job it refuses fails with its reason).
+    loading = dataclasses.replace(model, info=dataclasses.replace(model.info, embedding_size=None))
+    assert spec_of(loading, input="a", dimensions=16).sampling.pooling["dimensions"] == 16
 
 
 # The response

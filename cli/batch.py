@@ -22,7 +22,7 @@ from rich.progress import (
 
 from inferq.client import Client
 from inferq.constants import BATCH_ENDED_HEADER, NEXT_CURSOR_HEADER
-from inferq.prompt_files import Defaults, prepare
+from inferq.prompt_files import Defaults, is_openai_batch, prepare
 from inferq.settings import Settings
 
 batch_app = typer.Typer(no_args_is_help=True, help="Submit and follow batch files.")
@@ -61,7 +61,13 @@ def submit(
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="With --wait: write the results here.")
     ] = None,
-    model: Annotated[str | None, typer.Option(help="Model for converted lines.")] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="Model of a converted file's lines (default: the only one served); an "
+            "OpenAI Batch file's lines name their own."
+        ),
+    ] = None,
     chat: ChatOption = True,
     max_tokens: MaxTokensOption = None,
     temperature: TemperatureOption = None,
@@ -77,7 +83,15 @@ def submit(
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed
     )
     with _client(url, api_key) as client, tempfile.TemporaryDirectory() as workdir:
-        served = model or _only_generation_model(client.get("/v1/models")["data"])
+        if is_openai_batch(file):
+            if given := _conversion_options(model, sampling):
+                raise typer.BadParameter(
+                    f"{file} is OpenAI Batch JSONL, whose lines carry their own model and "
+                    f"sampling: drop {' and '.join(given)} (they are for converted files)"
+                )
+            served = ""  # nothing is converted
+        else:
+            served = model or _only_generation_model(client.get("/v1/models")["data"])
         ready = prepare(
             file, Defaults(model=served, sampling=sampling, chat=chat), workdir=Path(workdir)
         )
@@ -266,6 +280,12 @@ def _append(lines: IO[bytes], target: Path) -> None:
 def _print_errors(batch: dict[str, Any]) -> None:
     for error in (batch.get("errors") or {}).get("data", []):
         typer.echo(f"  {error['message']}", err=True)
+
+
+def _conversion_options(model: str | None, sampling: dict[str, Any]) -> list[str]:
+    """The options given that only converted lines take."""
+    given = ["--model"] if model is not None else []
+    return given + [f"--{name.replace('_', '-')}" for name in sampling]
 
 
 def _only_generation_model(models: list[dict[str, Any]]) -> str:

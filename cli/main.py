@@ -111,6 +111,13 @@ def flower() -> None:
 @app.command()
 def migrate(
     revision: Annotated[str, typer.Argument(help="Target revision.")] = "head",
+    announce_model: Annotated[
+        bool,
+        typer.Option(
+            help="Then make INFERQ_MODEL's names known, as its worker does when it starts, so "
+            "the API queues their work before any worker is up (compose's `migrate` does)."
+        ),
+    ] = False,
 ) -> None:
     """Create or upgrade the database schema (alembic upgrade head)."""
     from inferq.db.migrate import upgrade
@@ -118,6 +125,16 @@ def migrate(
     settings = _settings()
     upgrade(settings.database_url, revision)
     typer.echo(f"database schema is at {revision}")
+    if announce_model:
+        from inferq.db.engine import make_engine, make_sessions
+        from inferq.db.served_models import ModelStore
+        from inferq.served_models import served_by
+
+        engine = make_engine(settings.database_url, pool_size=1)
+        announced = ModelStore(make_sessions(engine)).announce(served_by(settings))
+        engine.dispose()
+        names = ", ".join(announced) or f"none new ({settings.model_name} is known already)"
+        typer.echo(f"announced: {names}")
 
 
 def _key_store(settings: Settings):  # type: ignore[no-untyped-def]
@@ -258,6 +275,9 @@ def show_settings(
 def submit(
     prompt: Annotated[str, typer.Argument(help="The prompt.")],
     chat: Annotated[bool, typer.Option(help="Send as a user chat message.")] = False,
+    model: Annotated[
+        str | None, typer.Option(help="Model to run it (default: the only one served).")
+    ] = None,
     max_tokens: Annotated[int | None, typer.Option(help="Most tokens to generate.")] = None,
     temperature: Annotated[float | None, typer.Option(help="Sampling temperature.")] = None,
     seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
@@ -274,7 +294,8 @@ def submit(
     body: dict[str, Any] = (
         {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
     )
-    for key, value in (("max_tokens", max_tokens), ("temperature", temperature), ("seed", seed)):
+    given = (("model", model), ("max_tokens", max_tokens), ("temperature", temperature))
+    for key, value in (*given, ("seed", seed)):
         if value is not None:
             body[key] = value
     try:

@@ -51,11 +51,17 @@ class InputFile:
     lines: int
 
 
+def is_openai_batch(source: Path) -> bool:
+    """Whether `source` is OpenAI Batch JSONL already (its lines name their own models)."""
+    parsed = _json_object(_first_line(source))
+    return parsed is not None and {"custom_id", "body"} <= set(parsed)
+
+
 def prepare(source: Path, defaults: Defaults, *, workdir: Path) -> InputFile:
     """Return `source` itself if it is already OpenAI Batch JSONL, else a converted copy."""
     first = _first_line(source)
     parsed = _json_object(first)
-    if parsed is not None and {"custom_id", "body"} <= set(parsed):
+    if is_openai_batch(source) and parsed is not None:
         url = parsed.get("url")
         if url not in ENDPOINTS:
             raise BadInput([f"{source}: line 1 has url {url!r}, not a batch endpoint"])

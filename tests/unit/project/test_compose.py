@@ -54,6 +54,8 @@ def test_dependencies_exist_and_migrations_run_first(compose: dict[str, Any]) ->
         assert services[name]["depends_on"]["migrate"] == {
             "condition": "service_completed_successfully"
         }
+    # And makes the model known: the API queues its work before the worker is up.
+    assert services["migrate"]["command"] == ["inferq", "migrate", "--announce-model"]
 
 
 def test_redis_keeps_its_data_and_never_evicts(compose: dict[str, Any]) -> None:

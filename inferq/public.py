@@ -25,10 +25,17 @@ class TokenLogprobPublic(BaseModel):
     top_logprobs: list[TopLogprob]
 
 
-class ToolCallPublic(BaseModel):
-    id: str
+class FunctionCallPublic(BaseModel):
     name: str
     arguments: str = Field(description="The call's arguments, as JSON text.")
+
+
+class ToolCallPublic(BaseModel):
+    """A call as OpenAI's chat completions show it."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallPublic
 
 
 class ChoicePublic(BaseModel):
@@ -43,7 +50,13 @@ class ChoicePublic(BaseModel):
 
     @classmethod
     def from_choice(cls, choice: Choice) -> ChoicePublic:
-        return cls.model_validate(choice.to_dict())
+        data = choice.to_dict()
+        if choice.tool_calls is not None:
+            data["tool_calls"] = [
+                {"id": c.id, "function": {"name": c.name, "arguments": c.arguments}}
+                for c in choice.tool_calls
+            ]
+        return cls.model_validate(data)
 
 
 class Usage(BaseModel):

@@ -262,4 +262,9 @@ def test_required_tool_choice_and_forced_calls_in_a_batch(stack: Stack) -> None:
     [choice] = done["choices"]
     assert choice["finish_reason"] == "tool_calls", choice
     assert choice["tool_calls"]
-    assert {call["name"] for call in choice["tool_calls"]} <= {"get_weather", "get_time"}
+    # In OpenAI's shape, as in the chat completion.
+    assert {call["type"] for call in choice["tool_calls"]} == {"function"}
+    assert {call["function"]["name"] for call in choice["tool_calls"]} <= {
+        "get_weather",
+        "get_time",
+    }

@@ -14,6 +14,7 @@ from inferq.exceptions import InvalidRequest
 from inferq.jobs import Choice, JobResult
 from inferq.messages import ChatMessage
 from inferq.prompts import PromptRenderer
+from inferq.public import ChoicePublic
 from inferq.tool_calls import with_tool_calls
 from inferq.validation import JobValidator, SamplingFields
 
@@ -319,3 +320,13 @@ def test_what_postgres_cannot_store_or_too_deep_a_schema_is_refused(
             metadata={},
         )
     assert caught.value.param == "messages.1"
+
+
+def test_a_job_shows_its_calls_in_openai_s_shape() -> None:
+    called = with_tool_calls(
+        result('{"city": "Paris"}'), {"type": "function", "name": "get_weather"}, None
+    )
+    [choice] = ChoicePublic.from_choice(called.choices[0]).model_dump(mode="json")["tool_calls"]
+    assert choice["type"] == "function"
+    assert choice["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert choice["id"]

@@ -19,8 +19,13 @@ import time
 from types import TracebackType
 
 _ERROR_LINE = re.compile(r"\b((?:[A-Za-z_][\w.]*)?(?:Error|Exception)): (.+)$")
-# The parent's own words for a failed start: never the cause.
-_NOT_A_CAUSE = ("Engine core initialization failed", "See root cause above")
+# The parent's (and the engine core's) own words for a failed start: never the cause.
+_NOT_A_CAUSE = (
+    "Engine core initialization failed",
+    "See root cause above",
+    "WorkerProc initialization failed",
+    "See stack trace for root cause",
+)
 
 
 def root_cause(output: str) -> str | None:

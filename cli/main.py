@@ -294,8 +294,8 @@ def submit(
     body: dict[str, Any] = (
         {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
     )
-    given = (("model", model), ("max_tokens", max_tokens), ("temperature", temperature))
-    for key, value in (*given, ("seed", seed)):
+    given = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "seed": seed}
+    for key, value in given.items():
         if value is not None:
             body[key] = value
     try:

@@ -53,7 +53,10 @@ class InputFile:
 
 def is_openai_batch(source: Path) -> bool:
     """Whether `source` is OpenAI Batch JSONL already (its lines name their own models)."""
-    parsed = _json_object(_first_line(source))
+    return _is_batch_line(_json_object(_first_line(source)))
+
+
+def _is_batch_line(parsed: dict[str, Any] | None) -> bool:
     return parsed is not None and {"custom_id", "body"} <= set(parsed)
 
 
@@ -61,7 +64,7 @@ def prepare(source: Path, defaults: Defaults, *, workdir: Path) -> InputFile:
     """Return `source` itself if it is already OpenAI Batch JSONL, else a converted copy."""
     first = _first_line(source)
     parsed = _json_object(first)
-    if is_openai_batch(source) and parsed is not None:
+    if parsed is not None and _is_batch_line(parsed):
         url = parsed.get("url")
         if url not in ENDPOINTS:
             raise BadInput([f"{source}: line 1 has url {url!r}, not a batch endpoint"])

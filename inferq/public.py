@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 from inferq.batches import Batch, BatchStatus
 from inferq.embeddings import embedding_vectors
 from inferq.jobs import Choice, Job, JobStatus
+from inferq.openai_format import tool_call
 
 
 class TopLogprob(BaseModel):
@@ -51,11 +52,8 @@ class ChoicePublic(BaseModel):
     @classmethod
     def from_choice(cls, choice: Choice) -> ChoicePublic:
         data = choice.to_dict()
-        if choice.tool_calls is not None:
-            data["tool_calls"] = [
-                {"id": c.id, "function": {"name": c.name, "arguments": c.arguments}}
-                for c in choice.tool_calls
-            ]
+        if "tool_calls" in data:  # in OpenAI's shape, as the chat completion has them
+            data["tool_calls"] = [tool_call(call) for call in data["tool_calls"]]
         return cls.model_validate(data)
 
 

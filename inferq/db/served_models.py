@@ -43,7 +43,7 @@ class ModelStore(Store):
             dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
             statement = (
                 dialect.insert(ServedModelRow)
-                .values([{**_values(model), "registered_at": now} for model in models])
+                .values([{**asdict(model), "registered_at": now} for model in models])
                 .on_conflict_do_nothing()
                 .returning(ServedModelRow.name)
             )
@@ -55,12 +55,8 @@ class ModelStore(Store):
             return [_model(row) for row in rows]
 
 
-def _values(model: ServedModel) -> dict[str, object]:
-    return asdict(model)
-
-
 def _row(model: ServedModel, now: object) -> ServedModelRow:
-    return ServedModelRow(**_values(model), registered_at=now)
+    return ServedModelRow(**asdict(model), registered_at=now)
 
 
 def _model(row: ServedModelRow) -> ServedModel:

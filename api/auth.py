@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 import time
 
-from inferq.api_keys import DEVELOPMENT_PRINCIPAL, Principal
-from inferq.db.api_keys import KeyStore
+from inferq.domain.api_keys import DEVELOPMENT_PRINCIPAL, Principal
 from inferq.exceptions import Unauthorized
+from inferq.store.api_keys import KeyStore
 
 _HINT = (
     "send `Authorization: Bearer <key>`; an operator creates keys with "

@@ -8,9 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from api.schemas import BatchEvent, ListPage, not_null
-from inferq.batches import ENDPOINTS, StoredFile
-from inferq.public import BatchPublic, ExpiresAfter
-from inferq.validation import Metadata, Priority
+from inferq.domain.batches import ENDPOINTS, StoredFile
+from inferq.wire.public import BatchPublic, ExpiresAfter
+from inferq.wire.validation import Metadata, Priority
 
 
 class FilePublic(BaseModel):

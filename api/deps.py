@@ -15,21 +15,21 @@ from api.grouping import Grouped
 from api.ratelimit import RateLimiter
 from api.token_follower import TokenFollower
 from api.waiter import JobWaiter
-from inferq.api_keys import Principal
-from inferq.batch_ops import BatchOperations
-from inferq.celery_app import JobPublisher
-from inferq.db.api_keys import KeyStore
-from inferq.db.files import FileStore
-from inferq.db.idempotency import IdempotencyStore
-from inferq.db.jobs import JobStore, NewJob
-from inferq.db.webhooks import WebhookStore
-from inferq.events import JobEvents
-from inferq.job_ops import JobOperations
-from inferq.jobs import Job
-from inferq.model_catalog import ModelCatalog
-from inferq.queues import QueueMonitor
+from inferq.broker.celery_app import JobPublisher
+from inferq.broker.events import JobEvents
+from inferq.broker.queues import QueueMonitor
+from inferq.broker.worker_registry import WorkerRegistry
+from inferq.domain.api_keys import Principal
+from inferq.domain.jobs import Job
+from inferq.operations.batches import BatchOperations
+from inferq.operations.jobs import JobOperations
 from inferq.settings import Settings
-from inferq.worker_registry import WorkerRegistry
+from inferq.store.api_keys import KeyStore
+from inferq.store.files import FileStore
+from inferq.store.idempotency import IdempotencyStore
+from inferq.store.jobs import JobStore, NewJob
+from inferq.store.webhooks import WebhookStore
+from inferq.wire.model_catalog import ModelCatalog
 
 
 @dataclass

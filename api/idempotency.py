@@ -15,9 +15,9 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import Services
-from inferq.api_keys import Principal
 from inferq.constants import IDEMPOTENT_REPLAY_HEADER
-from inferq.db.idempotency import IdempotentRequest, StoredResponse
+from inferq.domain.api_keys import Principal
+from inferq.store.idempotency import IdempotentRequest, StoredResponse
 
 T = TypeVar("T")
 

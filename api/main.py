@@ -33,23 +33,23 @@ from api.token_follower import TokenFollower
 from api.urlcheck import RefuseNulInUrl
 from api.waiter import JobWaiter
 from inferq import __version__
-from inferq.batch_ops import BatchOperations
-from inferq.celery_app import JobPublisher
-from inferq.db.api_keys import KeyStore
-from inferq.db.batches import BatchStore
-from inferq.db.engine import make_engine, make_sessions
-from inferq.db.files import FileStore
-from inferq.db.idempotency import IdempotencyStore
-from inferq.db.jobs import JobStore
-from inferq.db.migrate import check_schema
-from inferq.db.served_models import ModelStore
-from inferq.db.webhooks import WebhookStore
-from inferq.events import JobEvents
-from inferq.job_ops import JobOperations
-from inferq.model_catalog import ModelCatalog, RequestLimits
-from inferq.queues import QueueMonitor
+from inferq.broker.celery_app import JobPublisher
+from inferq.broker.events import JobEvents
+from inferq.broker.queues import QueueMonitor
+from inferq.broker.worker_registry import WorkerRegistry
+from inferq.operations.batches import BatchOperations
+from inferq.operations.jobs import JobOperations
 from inferq.settings import Settings
-from inferq.worker_registry import WorkerRegistry
+from inferq.store.api_keys import KeyStore
+from inferq.store.batches import BatchStore
+from inferq.store.engine import make_engine, make_sessions
+from inferq.store.files import FileStore
+from inferq.store.idempotency import IdempotencyStore
+from inferq.store.jobs import JobStore
+from inferq.store.migrate import check_schema
+from inferq.store.served_models import ModelStore
+from inferq.store.webhooks import WebhookStore
+from inferq.wire.model_catalog import ModelCatalog, RequestLimits
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from inferq.broker.queues import QueueMonitor
+from inferq.broker.worker_registry import WorkerRegistry
 from inferq.exceptions import InferqError
-from inferq.model_catalog import ModelCatalog
-from inferq.queues import QueueMonitor
-from inferq.worker_registry import WorkerRegistry
+from inferq.wire.model_catalog import ModelCatalog
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from limits import RateLimitItemPerMinute
 from limits.aio.storage import RedisStorage
 from limits.aio.strategies import MovingWindowRateLimiter, SlidingWindowCounterRateLimiter
 
-from inferq.api_keys import Principal
+from inferq.domain.api_keys import Principal
 from inferq.exceptions import InvalidRequest, RetryLater
 
 

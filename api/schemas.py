@@ -1,5 +1,5 @@
 """Request and response bodies of the jobs routes, and the page every listing returns;
-the job as clients see it is `inferq.public.JobPublic`, shared with webhook payloads."""
+the job as clients see it is `inferq.wire.public.JobPublic`, shared with webhook payloads."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Generic, Literal, Protocol, Self, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from inferq.db.store import Page
-from inferq.messages import ChatMessage
-from inferq.public import JobPublic
-from inferq.validation import Metadata, Priority, SamplingFields
+from inferq.store.base import Page
+from inferq.wire.messages import ChatMessage
+from inferq.wire.public import JobPublic
+from inferq.wire.validation import Metadata, Priority, SamplingFields
 
 JobEvent = Literal["job.succeeded", "job.failed", "job.cancelled"]
 BatchEvent = Literal["batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]

@@ -17,10 +17,10 @@ from sse_starlette import EventSourceResponse
 
 from api.errors import error_body
 from api.token_follower import Ended, OutputRestarted
-from inferq.jobs import Choice, Job, JobStatus
-from inferq.openai_format import chat_role_choice, chunk, chunk_choice, tool_call, usage
-from inferq.public import JobPublic
-from inferq.token_stream import ChoiceDelta
+from inferq.broker.token_stream import ChoiceDelta
+from inferq.domain.jobs import Choice, Job, JobStatus
+from inferq.wire.openai_format import chat_role_choice, chunk, chunk_choice, tool_call, usage
+from inferq.wire.public import JobPublic
 
 log = logging.getLogger(__name__)
 

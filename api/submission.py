@@ -14,14 +14,14 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import Services
 from api.waiter import ReadJob
-from inferq.api_keys import Principal
-from inferq.db.idempotency import IdempotentRequest
-from inferq.db.jobs import NewJob
+from inferq.domain.api_keys import Principal
+from inferq.domain.jobs import Job, JobSpec
+from inferq.domain.served_models import Runner
+from inferq.domain.webhooks import WebhookRequest, check_webhook_url, parse_networks
 from inferq.exceptions import InferqError, InvalidRequest
-from inferq.jobs import Job, JobSpec
-from inferq.model_catalog import CatalogModel
-from inferq.served_models import Runner
-from inferq.webhooks import WebhookRequest, check_webhook_url, parse_networks
+from inferq.store.idempotency import IdempotentRequest
+from inferq.store.jobs import NewJob
+from inferq.wire.model_catalog import CatalogModel
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Following a job's output as it is generated: what SSE responses are made of.
 
-A streamed job's tokens are read from its Redis Stream (`inferq.token_stream`): replayed
+A streamed job's tokens are read from its Redis Stream (`inferq.broker.token_stream`): replayed
 from the first entry, then followed with blocking reads, each holding one pooled
 connection for at most `RECHECK_S`, so a reader that stops reading holds nothing else.
 Between reads that bring nothing the job is read from Postgres, which tells a job that
@@ -18,9 +18,9 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from api.waiter import RECHECK_S, JobWaiter, ReadJob
+from inferq.broker.token_stream import ChoiceDelta, decode_entry, tokens_key
+from inferq.domain.jobs import Job, JobStatus
 from inferq.exceptions import InferqError
-from inferq.jobs import Job, JobStatus
-from inferq.token_stream import ChoiceDelta, decode_entry, tokens_key
 
 # Most entries taken in one read.
 READ_ENTRIES = 512

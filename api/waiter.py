@@ -1,6 +1,6 @@
 """Long-poll support: wakes requests waiting on a job when the worker reports it done.
 
-Each job's end is announced on a channel of its own (`inferq.events`). An API process
+Each job's end is announced on a channel of its own (`inferq.broker.events`). An API process
 subscribes to a job's channel only while a request waits on it, on one pub/sub connection
 shared by every waiting request, so it hears of its own jobs and nothing else.
 """
@@ -18,9 +18,9 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 
+from inferq.broker.events import done_channel
 from inferq.constants import API_CHANNEL
-from inferq.events import done_channel
-from inferq.jobs import Job
+from inferq.domain.jobs import Job
 
 log = logging.getLogger(__name__)
 

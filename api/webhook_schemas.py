@@ -7,8 +7,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inferq.db.store import Page, utcnow
-from inferq.webhooks import Attempt, Delivery, DeliveryState, WebhookEndpoint
+from inferq.domain.webhooks import Attempt, Delivery, DeliveryState, WebhookEndpoint
+from inferq.store.base import Page, utcnow
 
 
 class EndpointCreate(BaseModel):

@@ -39,8 +39,8 @@ from bench import drive, stack, workload
 from bench.peers import SERVED, run_engine, run_run_batch, serve, throughput
 from bench.priority import run_priority
 from bench.report import CONCURRENCIES, chart, single_key, table
-from inferq.demo_model import BENCH, CPU_DTYPE
-from inferq.kv_cache import ModelShape, sequence_bytes
+from cli.demo_model import BENCH, CPU_DTYPE
+from inferq.host.kv_cache import ModelShape, sequence_bytes
 
 MAX_NUM_SEQS = 64
 IDLE_JOBS = 50

@@ -28,13 +28,13 @@ import numpy as np
 from bench import stack, workload
 from bench.compare import engine_args, inferq, inferq_env, run_inferq_batch
 from bench.peers import SERVED, run_run_batch
-from inferq.demo_model import BENCH
+from cli.demo_model import BENCH
 
 EMBEDDINGS_URL: Final = "/v1/embeddings"
 # Short to medium texts, in tokens of the model's own tokenizer.
 TEXT_MEDIAN, TEXT_SIGMA, TEXT_RANGE = 64, 0.6, (20, 200)
 MIN_COSINE = 0.999
-# What inferq's pooling worker gives vLLM (worker.vllm_pooling.POOLING_ARGS), and the
+# What inferq's pooling worker gives vLLM (worker.engine.vllm.pooling.POOLING_ARGS), and the
 # prefix caching inferq turns on (INFERQ_ENABLE_PREFIX_CACHING, true by default).
 POOLING_FLAGS = {"runner": "pooling", "convert": "embed", "enable_prefix_caching": True}
 

@@ -19,8 +19,8 @@ import psycopg
 import redis
 from psycopg import sql
 
-from inferq.db.migrate import upgrade
-from inferq.demo_model import TINY, DemoShape, build_demo_model
+from cli.demo_model import TINY, DemoShape, build_demo_model
+from inferq.store.migrate import upgrade
 
 ADMIN_DSN = os.environ.get("BENCH_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -33,7 +33,7 @@ import aiohttp
 from bench import drive, priority, stack, workload
 from bench.compare import engine_args, inferq, inferq_env
 from bench.peers import SERVED, serve, throughput
-from inferq.demo_model import BENCH
+from cli.demo_model import BENCH
 
 CONCURRENCIES = (1, 16, 64)
 # Streamed requests at each concurrency: enough for a stable p50 in a short run.

@@ -25,7 +25,7 @@ import jsonschema
 from bench import stack, workload
 from bench.compare import engine_args, inferq, inferq_env, run_inferq_batch
 from bench.peers import SERVED, run_run_batch
-from inferq.demo_model import BENCH
+from cli.demo_model import BENCH
 
 # A classification: bounded fields, so the bench model's random weights end every object.
 SCHEMA = {

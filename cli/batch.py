@@ -20,9 +20,9 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from inferq.client import Client
+from cli.client import Client
+from cli.prompt_files import Defaults, is_openai_batch, prepare
 from inferq.constants import BATCH_ENDED_HEADER, NEXT_CURSOR_HEADER
-from inferq.prompt_files import Defaults, is_openai_batch, prepare
 from inferq.settings import Settings
 
 batch_app = typer.Typer(no_args_is_help=True, help="Submit and follow batch files.")

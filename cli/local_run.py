@@ -21,22 +21,22 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 
-from inferq.batch_ops import BatchOperations
-from inferq.batches import Batch, BatchStatus, FilePurpose
-from inferq.db.batches import BatchStore
-from inferq.db.engine import make_engine, make_sessions
-from inferq.db.files import FileStore
-from inferq.db.jobs import JobStore
-from inferq.db.migrate import upgrade
-from inferq.demo_model import CPU_DTYPE, DEMO, TINY, build_demo_model
+from cli.demo_model import CPU_DTYPE, DEMO, TINY, build_demo_model
+from inferq.domain.batches import Batch, BatchStatus, FilePurpose
+from inferq.domain.jobs import JobStatus
+from inferq.domain.served_models import served_by
 from inferq.exceptions import InferqError, JobsReturned
-from inferq.jobs import JobStatus
-from inferq.model_catalog import FixedModels, ModelCatalog, RequestLimits
-from inferq.served_models import served_by
+from inferq.operations.batches import BatchOperations
 from inferq.settings import Settings
+from inferq.store.batches import BatchStore
+from inferq.store.engine import make_engine, make_sessions
+from inferq.store.files import FileStore
+from inferq.store.jobs import JobStore
+from inferq.store.migrate import upgrade
+from inferq.wire.model_catalog import FixedModels, ModelCatalog, RequestLimits
 
 if TYPE_CHECKING:
-    from worker.engine import Engine as ModelEngine
+    from worker.engine.protocol import Engine as ModelEngine
     from worker.runtime import EngineRuntime
 
 log = logging.getLogger(__name__)
@@ -158,8 +158,8 @@ class LocalRun:
 
     def load_engine(self) -> ModelEngine:
         """Check this host and load the model (`PreflightFailed`, `EngineStartFailed`)."""
-        from inferq.preflight import engine_settings
-        from worker.engine_factory import build_engine
+        from inferq.host.preflight import engine_settings
+        from worker.engine.factory import build_engine
 
         self.settings = engine_settings(self.settings)
         return build_engine(self.settings)

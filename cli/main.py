@@ -9,8 +9,8 @@ import httpx
 import typer
 
 from cli.batch import batch_app
+from cli.logs import configure_logging
 from cli.run import run
-from inferq.logs import configure_logging
 from inferq.settings import Settings
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def api() -> None:
     """Serve the HTTP API (uvicorn)."""
     import uvicorn
 
-    from inferq.db.migrate import check_schema
+    from inferq.store.migrate import check_schema
 
     settings = _settings()
     check_schema(settings.database_url)
@@ -70,7 +70,7 @@ def webhooks(
     name: Annotated[str | None, typer.Option(help="Worker name.")] = None,
 ) -> None:
     """Run the housekeeping worker (no GPU): webhook delivery, maintenance, batch endings."""
-    from worker.housekeeping import run_housekeeper
+    from housekeeper.main import run_housekeeper
 
     run_housekeeper(_settings(), name=name)
 
@@ -78,7 +78,7 @@ def webhooks(
 @app.command()
 def beat() -> None:
     """Schedule periodic maintenance (run exactly one)."""
-    from worker.housekeeping import run_beat
+    from housekeeper.main import run_beat
 
     run_beat(_settings())
 
@@ -86,7 +86,7 @@ def beat() -> None:
 @app.command()
 def flower() -> None:
     """Serve Flower (the Celery monitor) with basic auth; refuses to start without it."""
-    from inferq.celery_app import make_celery
+    from inferq.broker.celery_app import make_celery
 
     settings = _settings()
     if settings.flower_basic_auth is None:
@@ -120,15 +120,15 @@ def migrate(
     ] = False,
 ) -> None:
     """Create or upgrade the database schema (alembic upgrade head)."""
-    from inferq.db.migrate import upgrade
+    from inferq.store.migrate import upgrade
 
     settings = _settings()
     upgrade(settings.database_url, revision)
     typer.echo(f"database schema is at {revision}")
     if announce_model:
-        from inferq.db.engine import make_engine, make_sessions
-        from inferq.db.served_models import ModelStore
-        from inferq.served_models import served_by
+        from inferq.domain.served_models import served_by
+        from inferq.store.engine import make_engine, make_sessions
+        from inferq.store.served_models import ModelStore
 
         engine = make_engine(settings.database_url, pool_size=1)
         announced = ModelStore(make_sessions(engine)).announce(served_by(settings))
@@ -138,8 +138,8 @@ def migrate(
 
 
 def _key_store(settings: Settings):  # type: ignore[no-untyped-def]
-    from inferq.db.api_keys import KeyStore
-    from inferq.db.engine import make_engine, make_sessions
+    from inferq.store.api_keys import KeyStore
+    from inferq.store.engine import make_engine, make_sessions
 
     return KeyStore(make_sessions(make_engine(settings.database_url, pool_size=1)))
 
@@ -194,7 +194,7 @@ def health_worker(
     """Exit 0 if the Celery worker NAME answers a ping within 5 s."""
     import socket
 
-    from inferq.celery_app import make_celery
+    from inferq.broker.celery_app import make_celery
 
     target = name.replace("%h", socket.gethostname())
     replies = make_celery(_settings()).control.ping(destination=[target], timeout=5)
@@ -236,7 +236,7 @@ def doctor() -> None:
     """
     from pydantic import ValidationError
 
-    from inferq.doctor import run_checks
+    from cli.doctor import run_checks
 
     try:
         settings = Settings()

@@ -23,10 +23,10 @@ from cli.batch import (
     progress_bar,
     sampling_defaults,
 )
-from inferq.batches import BatchStatus
-from inferq.demo_model import DEMO
-from inferq.logs import configure_logging
-from inferq.prompt_files import BadInput, Defaults, prepare
+from cli.demo_model import DEMO
+from cli.logs import configure_logging
+from cli.prompt_files import BadInput, Defaults, prepare
+from inferq.domain.batches import BatchStatus
 from inferq.settings import Settings
 
 if TYPE_CHECKING:

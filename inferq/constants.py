@@ -4,7 +4,7 @@ from typing import Final
 
 # Celery queues. Single jobs and batch-file lines travel apart so bulk work never
 # sits in front of an interactive request in Redis; each served model has its own pair
-# (inferq/queues.py names them).
+# (inferq/domain/queue_names.py names them).
 INTERACTIVE_QUEUE: Final = "interactive"
 BULK_QUEUE: Final = "bulk"
 # Work that needs no GPU, on a worker of its own so it never waits behind generation.
@@ -23,7 +23,7 @@ JOBS_DONE_CHANNEL: Final = "jobs:done"
 JOBS_CANCEL_CHANNEL: Final = "jobs:cancel"
 # Single jobs just submitted, offered to workers whose message slots are all held.
 JOBS_SUBMITTED_CHANNEL: Final = "jobs:submitted"
-# A streamed job's tokens, as generated: a Redis Stream per job (inferq/token_stream.py).
+# A streamed job's tokens, as generated: a Redis Stream per job (inferq/broker/token_stream.py).
 TOKENS_STREAM: Final = "tokens"
 # Each API process subscribes to a channel of its own (a name plus a random suffix).
 API_CHANNEL: Final = "api"

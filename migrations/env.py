@@ -1,13 +1,13 @@
-"""Alembic environment: runs migrations on the URL that `inferq.db.migrate` hands over."""
+"""Alembic environment: runs migrations on the URL that `inferq.store.migrate` hands over."""
 
 from alembic import context
 from sqlalchemy import create_engine
 
-from inferq.db.models import Base
+from inferq.store.models import Base
 
 config = context.config
 url = config.get_main_option("sqlalchemy.url")
-assert url, "inferq.db.migrate sets sqlalchemy.url"
+assert url, "inferq.store.migrate sets sqlalchemy.url"
 
 
 def run_migrations_offline() -> None:

@@ -22,11 +22,11 @@ import httpx
 import pytest
 from redis import Redis
 
-from inferq.db.api_keys import KeyStore
-from inferq.db.engine import make_engine, make_sessions
-from inferq.db.jobs import JobStore
-from inferq.demo_model import CPU_DTYPE, TINY, build_demo_model
-from inferq.prompts import PromptRenderer
+from cli.demo_model import CPU_DTYPE, TINY, build_demo_model
+from inferq.store.api_keys import KeyStore
+from inferq.store.engine import make_engine, make_sessions
+from inferq.store.jobs import JobStore
+from inferq.wire.prompts import PromptRenderer
 from tests.helpers.broker import Broker
 from tests.helpers.databases import cloned_database, migrated_template
 from tests.helpers.deployment import Deployment
@@ -300,7 +300,7 @@ def own_redis(tmp_path: Path) -> Iterator[str]:
 @pytest.fixture
 def own_postgres() -> Iterator[object]:
     """A PostgreSQL server of this test's own, with a migrated `inferq` database."""
-    from inferq.db.migrate import upgrade
+    from inferq.store.migrate import upgrade
     from tests.helpers.servers import postgres_server
 
     with postgres_server() as server:

@@ -20,7 +20,7 @@ goes first at each of them:
    for a micro-batch of bulk work to gather, so the first prefill is shared; a single job
    never waits for that, and a busy engine takes whatever is pending at every step.
 3. vLLM's priority scheduler, inside the engine (`scheduling_policy="priority"`, fed by
-   `inferq.jobs.engine_priority`): it runs single jobs ahead of batch lines and preempts
+   `inferq.domain.jobs.engine_priority`): it runs single jobs ahead of batch lines and preempts
    batch lines if the KV cache runs short.
 
 Single jobs are also offered by pub/sub the moment they are submitted (worker/job_events.py
@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 
-from worker.engine import EngineRequest
+from worker.engine.protocol import EngineRequest
 
 
 class AdmissionQueue:

@@ -15,8 +15,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+from inferq.domain.jobs import ClaimedJob
 from inferq.exceptions import JobsReturned, StoreUnavailable
-from inferq.jobs import ClaimedJob
 from worker.capacity import CapacityGate
 from worker.store import WorkerStore
 

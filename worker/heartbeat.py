@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 from redis.exceptions import RedisError
 
-from inferq.worker_registry import HEARTBEAT_EVERY_S, WorkerRegistry, WorkerStatus
+from inferq.broker.worker_registry import HEARTBEAT_EVERY_S, WorkerRegistry, WorkerStatus
 from worker.runtime import EngineRuntime
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ import threading
 from redis import Redis
 from redis.exceptions import RedisError
 
-from inferq.events import cancel_channel, decode_ids, submitted_channel
+from inferq.broker.events import cancel_channel, decode_ids, submitted_channel
 from worker.runtime import EngineRuntime
 
 log = logging.getLogger(__name__)

@@ -21,11 +21,11 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from inferq.broker.token_stream import RunStarted, TokenEvent
+from inferq.domain.jobs import JobError, JobOutcome
 from inferq.exceptions import EngineError, RequestRejected
-from inferq.jobs import JobError, JobOutcome
-from inferq.token_stream import RunStarted, TokenEvent
 from worker.admission import AdmissionQueue
-from worker.engine import Engine, EngineRequest
+from worker.engine.protocol import Engine, EngineRequest
 from worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)

@@ -13,21 +13,21 @@ from celery.signals import worker_shutting_down
 from prometheus_client import start_http_server
 from redis import Redis
 
-from inferq.celery_app import JobPublisher, make_celery
-from inferq.db.batches import BatchStore
-from inferq.db.engine import make_engine, make_sessions
-from inferq.db.jobs import JobStore
-from inferq.db.migrate import check_schema
-from inferq.db.served_models import ModelStore
-from inferq.events import JobEvents
+from inferq.broker.celery_app import JobPublisher, make_celery
+from inferq.broker.events import JobEvents
+from inferq.broker.token_stream import TokenStreamWriter
+from inferq.broker.worker_registry import WorkerRegistry
+from inferq.domain.queue_names import gpu_queues
+from inferq.domain.served_models import served_by
 from inferq.exceptions import InferqError
-from inferq.preflight import engine_settings
-from inferq.queues import gpu_queues
-from inferq.served_models import served_by
+from inferq.host.preflight import engine_settings
 from inferq.settings import Settings
-from inferq.token_stream import TokenStreamWriter
-from inferq.worker_registry import WorkerRegistry
-from worker.engine_factory import build_engine
+from inferq.store.batches import BatchStore
+from inferq.store.engine import make_engine, make_sessions
+from inferq.store.jobs import JobStore
+from inferq.store.migrate import check_schema
+from inferq.store.served_models import ModelStore
+from worker.engine.factory import build_engine
 from worker.heartbeat import Heartbeat
 from worker.job_events import JobEventListener
 from worker.metrics import WorkerMetrics, gpu_names, register_gpu_collector

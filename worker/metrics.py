@@ -10,8 +10,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from inferq.host import NvmlUnavailable, gpus
-from inferq.served_models import ServedModel
+from inferq.domain.served_models import ServedModel
+from inferq.host.hardware import NvmlUnavailable, gpus
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,11 @@
 """What a GPU worker tells Postgres it serves: its model and the model's LoRA adapters,
-with what the API needs to check requests for them (inferq/served_models.py)."""
+with what the API needs to check requests for them (inferq/domain/served_models.py)."""
 
 from __future__ import annotations
 
-from inferq.served_models import ServedModel, served_by
+from inferq.domain.served_models import ServedModel, served_by
 from inferq.settings import Settings
-from worker.engine import Engine
+from worker.engine.protocol import Engine
 
 
 def served_models(settings: Settings, engine: Engine) -> list[ServedModel]:

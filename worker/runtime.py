@@ -22,16 +22,16 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
-from inferq.events import FinishedJobs
+from inferq.broker.events import FinishedJobs
+from inferq.broker.token_stream import TokenEvent
+from inferq.domain.jobs import ClaimedJob, JobOutcome, engine_priority
 from inferq.exceptions import JobsReturned
-from inferq.jobs import ClaimedJob, JobOutcome, engine_priority
 from inferq.settings import Settings
-from inferq.token_stream import TokenEvent
 from worker.admission import AdmissionQueue
 from worker.capacity import CapacityGate
 from worker.claims import Claimer
-from worker.engine import Engine, EngineRequest
-from worker.engine_factory import build_engine
+from worker.engine.factory import build_engine
+from worker.engine.protocol import Engine, EngineRequest
 from worker.leases import LeaseKeeper
 from worker.loop import EngineLoop
 from worker.metrics import WorkerMetrics

@@ -1,6 +1,6 @@
 """What the GPU worker asks of the job store.
 
-`inferq.db.jobs.JobStore` is the store; the runtime, the lease keeper and the result
+`inferq.store.jobs.JobStore` is the store; the runtime, the lease keeper and the result
 writer depend only on these calls, so unit tests can run them on an in-memory store.
 Every call may raise `StoreUnavailable` while the database cannot be reached.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from inferq.jobs import ClaimedJob, JobOutcome
+from inferq.domain.jobs import ClaimedJob, JobOutcome
 
 
 class WorkerStore(Protocol):

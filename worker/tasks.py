@@ -8,8 +8,8 @@ from celery import Celery
 from celery.exceptions import Reject
 
 from inferq.constants import RUN_JOBS_TASK
+from inferq.domain.queue_names import is_bulk
 from inferq.exceptions import JobsReturned
-from inferq.queues import is_bulk
 from worker.runtime import EngineRuntime
 
 

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import datetime
 
-from inferq.jobs import ClaimedJob
+from inferq.domain.jobs import ClaimedJob
 
 # How many recent cancels a worker remembers; a claim that raced one ends within
 # milliseconds, so this only needs to outlast a burst of cancels.

@@ -2,7 +2,7 @@
 never waits on the network.
 
 The loop hands over events without blocking; this thread takes everything that has
-come since its last write, merges each job's deltas (`inferq.token_stream.coalesce`) and
+come since its last write, merges each job's deltas (`inferq.broker.token_stream.coalesce`) and
 writes them in one round trip. Under load a write carries many steps; when it is quiet
 each step goes out as soon as it is made.
 """
@@ -14,7 +14,7 @@ import queue
 import threading
 from collections.abc import Sequence
 
-from inferq.token_stream import TokenEvent, TokenStreamWriter, coalesce
+from inferq.broker.token_stream import TokenEvent, TokenStreamWriter, coalesce
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from inferq.domain.jobs import JobError, JobOutcome
 from inferq.exceptions import StoreUnavailable
-from inferq.jobs import JobError, JobOutcome
 from worker.store import WorkerStore
 
 log = logging.getLogger(__name__)

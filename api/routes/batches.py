@@ -15,8 +15,8 @@ from api.errors import error_responses
 from api.idempotency import IdempotencyKey, idempotent
 from api.submission import checked_webhook
 from inferq.constants import BATCH_ENDED_HEADER, NEXT_CURSOR_HEADER
-from inferq.db.idempotency import IdempotentRequest
-from inferq.public import BatchPublic
+from inferq.store.idempotency import IdempotentRequest
+from inferq.wire.public import BatchPublic
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"], responses=error_responses(401, 429, 503))
 

@@ -18,13 +18,13 @@ from api.deps import PrincipalDep, Services, ServicesDep
 from api.errors import error_responses
 from api.streams import event_stream, holds_output, openai_chunks
 from api.submission import cancel_abandoned, checked, submit, until_ended
-from inferq.api_keys import Principal
 from inferq.constants import JOB_ID_HEADER
+from inferq.domain.api_keys import Principal
+from inferq.domain.jobs import Job, JobSpec, JobStatus
 from inferq.exceptions import InvalidState, JobFailed
-from inferq.jobs import Job, JobSpec, JobStatus
-from inferq.model_catalog import CatalogModel
-from inferq.openai_bodies import ChatBody, CompletionBody, prepare_body
-from inferq.openai_format import completion_body
+from inferq.wire.model_catalog import CatalogModel
+from inferq.wire.openai_bodies import ChatBody, CompletionBody, prepare_body
+from inferq.wire.openai_format import completion_body
 
 router = APIRouter(prefix="/v1", tags=["completions"], responses=error_responses(401, 429, 503))
 

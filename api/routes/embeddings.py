@@ -17,9 +17,9 @@ from api.deps import PrincipalDep, ServicesDep
 from api.errors import error_responses
 from api.submission import checked, submit, until_ended
 from inferq.constants import JOB_ID_HEADER
-from inferq.embeddings import EmbeddingBody, embedding_body, embedding_spec
+from inferq.domain.jobs import Job, JobStatus
 from inferq.exceptions import InvalidState, JobFailed
-from inferq.jobs import Job, JobStatus
+from inferq.wire.embeddings import EmbeddingBody, embedding_body, embedding_spec
 
 router = APIRouter(prefix="/v1", tags=["embeddings"], responses=error_responses(401, 429, 503))
 

@@ -11,10 +11,10 @@ from pydantic import ValidationError
 from api.batch_schemas import FileDeleted, FileList, FilePublic, expiry_s
 from api.deps import PrincipalDep, ServicesDep
 from api.errors import error_responses
-from inferq.batches import FilePurpose
-from inferq.db.files import CHUNK_BYTES
+from inferq.domain.batches import FilePurpose
 from inferq.exceptions import InvalidRequest
-from inferq.public import MAX_EXPIRES_AFTER_S, ExpiresAfter
+from inferq.store.files import CHUNK_BYTES
+from inferq.wire.public import MAX_EXPIRES_AFTER_S, ExpiresAfter
 
 router = APIRouter(prefix="/v1/files", tags=["files"], responses=error_responses(401, 429, 503))
 

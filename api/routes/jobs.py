@@ -17,10 +17,10 @@ from api.idempotency import IdempotencyKey, idempotent
 from api.schemas import JobCreate, JobList
 from api.streams import event_stream, job_deltas
 from api.submission import checked, checked_webhook, submit
-from inferq.db.idempotency import IdempotentRequest
-from inferq.jobs import Job, JobSpec, JobStatus
-from inferq.model_catalog import CatalogModel
-from inferq.public import JobPublic
+from inferq.domain.jobs import Job, JobSpec, JobStatus
+from inferq.store.idempotency import IdempotentRequest
+from inferq.wire.model_catalog import CatalogModel
+from inferq.wire.public import JobPublic
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401, 429, 503))
 

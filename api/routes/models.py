@@ -10,8 +10,8 @@ from pydantic import BaseModel, Field
 
 from api.deps import ServicesDep, current_principal
 from api.errors import error_responses
+from inferq.domain.served_models import ServedModel
 from inferq.exceptions import ModelNotFound
-from inferq.served_models import ServedModel
 
 router = APIRouter(
     prefix="/v1/models",

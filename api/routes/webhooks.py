@@ -18,8 +18,8 @@ from api.webhook_schemas import (
     EndpointList,
     EndpointPublic,
 )
+from inferq.domain.webhooks import DeliveryState
 from inferq.exceptions import BrokerUnavailable
-from inferq.webhooks import DeliveryState
 
 router = APIRouter(tags=["webhooks"], responses=error_responses(401, 429, 503))
 

@@ -10,11 +10,11 @@ from datetime import UTC, datetime
 import pytest
 import redis
 
-from inferq.jobs import JobStatus
-from inferq.queues import interactive_queue
+from housekeeper.maintenance import _job_ids
+from inferq.domain.jobs import JobStatus
+from inferq.domain.queue_names import interactive_queue
 from tests.conftest import MODEL_NAME
 from tests.fault.conftest import DeploymentFactory
-from worker.maintenance import _job_ids
 
 pytestmark = pytest.mark.engine
 

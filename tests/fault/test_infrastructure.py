@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from inferq.jobs import JobStatus
+from inferq.domain.jobs import JobStatus
 from tests.fault.conftest import DeploymentFactory
 from tests.helpers.processes import log_contains
 from tests.helpers.servers import PostgresServer

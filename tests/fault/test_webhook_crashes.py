@@ -11,7 +11,7 @@ import redis
 from standardwebhooks import Webhook
 
 from inferq.constants import WEBHOOKS_QUEUE
-from inferq.jobs import JobStatus
+from inferq.domain.jobs import JobStatus
 from tests.fault.conftest import DeploymentFactory
 from tests.helpers.broker import Broker
 from tests.helpers.deployment import Deployment

@@ -12,12 +12,12 @@ import pytest
 import redis
 from sqlalchemy import func, select
 
-from inferq.db.models import JobRow, WebhookAttemptRow, WebhookDeliveryRow
-from inferq.jobs import JobStatus
+from housekeeper.maintenance import _job_ids
+from inferq.domain.jobs import JobStatus
+from inferq.store.models import JobRow, WebhookAttemptRow, WebhookDeliveryRow
 from tests.fault.conftest import DeploymentFactory
 from tests.helpers.deployment import Deployment
 from tests.helpers.receiver import Received, receiver
-from worker.maintenance import _job_ids
 
 pytestmark = pytest.mark.engine
 

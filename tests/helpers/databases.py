@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import psycopg
 from psycopg import sql
 
-from inferq.db.migrate import upgrade
+from inferq.store.migrate import upgrade
 
 ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import httpx
 
-from inferq.db.engine import make_engine, make_sessions
-from inferq.db.jobs import JobStore
-from inferq.db.served_models import ModelStore
+from inferq.domain.jobs import Job, JobStatus
 from inferq.exceptions import StoreUnavailable
-from inferq.jobs import Job, JobStatus
+from inferq.store.engine import make_engine, make_sessions
+from inferq.store.jobs import JobStore
+from inferq.store.served_models import ModelStore
 from tests.helpers.models import register_model
 from tests.helpers.processes import (
     INFERQ,

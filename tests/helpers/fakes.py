@@ -1,4 +1,4 @@
-"""Fakes with the real interfaces, for unit tests: engines (`worker.engine.Engine`) and an
+"""Fakes with the real interfaces, for unit tests: engines (`worker.engine.protocol.Engine`) and an
 in-memory job store (`worker.store.WorkerStore`)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from inferq.broker.token_stream import ChoiceDelta, JobDelta
+from inferq.domain.jobs import Choice, ClaimedJob, JobOutcome, JobResult, JobStatus, SamplingParams
 from inferq.exceptions import EngineError, RequestRejected, StoreUnavailable
-from inferq.jobs import Choice, ClaimedJob, JobOutcome, JobResult, JobStatus, SamplingParams
-from inferq.token_stream import ChoiceDelta, JobDelta
-from worker.engine import EngineRequest, Finished
+from worker.engine.protocol import EngineRequest, Finished
 
 
 class StepEngine:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inferq.jobs import Choice, JobResult, JobSpec, SamplingParams
+from inferq.domain.jobs import Choice, JobResult, JobSpec, SamplingParams
 
 
 def job_spec(prompt: str = "hi") -> JobSpec:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from inferq.db.engine import make_engine, make_sessions
-from inferq.db.served_models import ModelStore
-from inferq.served_models import served_by
+from inferq.domain.served_models import served_by
 from inferq.settings import Settings
+from inferq.store.engine import make_engine, make_sessions
+from inferq.store.served_models import ModelStore
 
 
 def register_model(database_url: str, model: Path, *, name: str = "tiny") -> None:

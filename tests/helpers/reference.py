@@ -14,7 +14,7 @@ import sys
 def main() -> None:
     from vllm import LLM, SamplingParams
 
-    from inferq.demo_model import CPU_DTYPE
+    from cli.demo_model import CPU_DTYPE
 
     model, max_tokens, *prompts = sys.argv[1:]
     llm = LLM(

@@ -13,7 +13,7 @@ import pytest
 from openai import OpenAI
 from sqlalchemy import select
 
-from inferq.db.models import JobRow
+from inferq.store.models import JobRow
 from tests.conftest import ADMIN_KEY, Stack
 from tests.helpers.waiting import wait_until
 from tests.integration.api.test_batches import (

@@ -13,7 +13,7 @@ from openai import APIStatusError, ConflictError, NotFoundError, OpenAI, Unproce
 from openai.types import Batch
 from sqlalchemy import select
 
-from inferq.db.models import JobRow
+from inferq.store.models import JobRow
 from tests.conftest import ADMIN_KEY, Stack
 from tests.helpers.broker import Broker
 from tests.helpers.metrics import Delta, engine_settled

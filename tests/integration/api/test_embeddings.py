@@ -13,7 +13,7 @@ import pytest
 from openai import BadRequestError, OpenAI, UnprocessableEntityError
 
 from inferq.constants import JOB_ID_HEADER
-from inferq.prompts import PromptRenderer
+from inferq.wire.prompts import PromptRenderer
 from tests.conftest import ADMIN_KEY
 from tests.integration.api.conftest import CHAT_MODEL, EMBEDDING_MODEL, ModelsStack
 from tests.integration.api.test_batches import read_lines, upload, wait_for

@@ -13,7 +13,7 @@ from openai import NotFoundError, UnprocessableEntityError
 from openai.types import Batch, FileObject
 from sqlalchemy import func, select
 
-from inferq.db.models import BatchRow, FileRow, JobRow
+from inferq.store.models import BatchRow, FileRow, JobRow
 from tests.conftest import Stack
 from tests.helpers.waiting import wait_until
 from tests.integration.api.test_batches import chat_line, client_for, upload, wait_for

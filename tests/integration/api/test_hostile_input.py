@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from openai import OpenAI, UnprocessableEntityError
 from sqlalchemy import func, select
 
-from inferq.db.models import JobRow
+from inferq.store.models import JobRow
 from tests.conftest import Stack
 from tests.integration.api.test_batches import chat_line, client_for, wait_for
 

@@ -8,7 +8,7 @@ import uuid
 import pytest
 from sqlalchemy import func, select
 
-from inferq.db.models import JobRow
+from inferq.store.models import JobRow
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.engine

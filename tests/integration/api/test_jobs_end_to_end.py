@@ -16,7 +16,7 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from inferq.db.models import JobRow
+from inferq.store.models import JobRow
 from tests.conftest import ADMIN_KEY, Stack
 from tests.helpers.broker import Broker
 from tests.helpers.metrics import Delta, engine_settled

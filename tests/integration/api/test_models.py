@@ -16,8 +16,8 @@ import pytest
 from openai import BadRequestError, NotFoundError, OpenAI, UnprocessableEntityError
 from sqlalchemy import select
 
-from inferq.db.models import JobRow
-from inferq.db.served_models import ModelStore
+from inferq.store.models import JobRow
+from inferq.store.served_models import ModelStore
 from tests.conftest import ADMIN_KEY
 from tests.helpers.broker import Broker
 from tests.helpers.processes import http_ok

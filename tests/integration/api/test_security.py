@@ -17,7 +17,7 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from inferq.db.models import JobRow
+from inferq.store.models import JobRow
 from tests.conftest import MODEL_NAME, Stack
 from tests.helpers.waiting import poll
 
@@ -175,9 +175,9 @@ def test_the_token_rate_limit_counts_prompt_and_max_tokens(stack: Stack) -> None
 
 
 def test_a_pickled_message_pushed_into_redis_runs_nothing(stack: Stack, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from inferq.celery_app import make_celery
+    from inferq.broker.celery_app import make_celery
     from inferq.constants import RUN_JOBS_TASK
-    from inferq.queues import interactive_queue
+    from inferq.domain.queue_names import interactive_queue
     from inferq.settings import Settings
 
     marker = tmp_path / "pwned"

@@ -13,8 +13,14 @@ from redis.asyncio import Redis as AsyncRedis
 
 from api.token_follower import Ended, OutputRestarted, TokenFollower
 from api.waiter import JobWaiter
-from inferq.jobs import Choice, Job, JobResult, JobStatus, SamplingParams
-from inferq.token_stream import ChoiceDelta, JobDelta, RunStarted, TokenEvent, TokenStreamWriter
+from inferq.broker.token_stream import (
+    ChoiceDelta,
+    JobDelta,
+    RunStarted,
+    TokenEvent,
+    TokenStreamWriter,
+)
+from inferq.domain.jobs import Choice, Job, JobResult, JobStatus, SamplingParams
 from tests.conftest import REDIS_URL
 
 TEXT = "the whole answer"

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from inferq.webhooks import sign
+from inferq.domain.webhooks import sign
 from tests.conftest import MODEL_NAME, Stack
 from tests.helpers.broker import Broker
 from tests.helpers.receiver import Received, Receiver, Reply, receiver

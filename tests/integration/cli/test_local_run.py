@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from cli.demo_model import DEMO
 from cli.local_run import LocalRun, local_settings
-from inferq.demo_model import DEMO
-from inferq.prompt_files import Defaults, prepare
+from cli.prompt_files import Defaults, prepare
 from inferq.settings import Settings
 from tests.helpers.processes import INFERQ
 

@@ -11,7 +11,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
 
-from inferq.db.models import Base
+from inferq.store.models import Base
 from tests.helpers.databases import create_database, drop_database, sqlalchemy_url
 
 

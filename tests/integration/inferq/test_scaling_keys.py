@@ -8,8 +8,8 @@ from pathlib import Path
 import yaml
 from redis import Redis
 
-from inferq.celery_app import JobPublisher, make_celery
-from inferq.queues import bulk_queue, interactive_queue
+from inferq.broker.celery_app import JobPublisher, make_celery
+from inferq.domain.queue_names import bulk_queue, interactive_queue
 from inferq.settings import Settings
 from tests.conftest import REDIS_URL
 

@@ -9,12 +9,12 @@ from datetime import UTC, datetime
 from alembic import command
 from sqlalchemy import select
 
-from inferq.db.engine import make_engine, make_sessions
-from inferq.db.jobs import JobStore
-from inferq.db.migrate import alembic_config, upgrade
-from inferq.db.models import JobRow
-from inferq.db.served_models import ModelStore
-from inferq.served_models import ServedModel
+from inferq.domain.served_models import ServedModel
+from inferq.store.engine import make_engine, make_sessions
+from inferq.store.jobs import JobStore
+from inferq.store.migrate import alembic_config, upgrade
+from inferq.store.models import JobRow
+from inferq.store.served_models import ModelStore
 from tests.helpers.jobs import job_spec
 
 LLAMA = ServedModel(

@@ -9,11 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from inferq.db.engine import make_engine, make_sessions
-from inferq.db.jobs import JobStore
-from inferq.db.migrate import upgrade
+from inferq.domain.jobs import (
+    Choice,
+    JobError,
+    JobOutcome,
+    JobResult,
+    JobSpec,
+    JobStatus,
+    SamplingParams,
+)
 from inferq.exceptions import InvalidState, NotFound, StoreUnavailable
-from inferq.jobs import Choice, JobError, JobOutcome, JobResult, JobSpec, JobStatus, SamplingParams
+from inferq.store.engine import make_engine, make_sessions
+from inferq.store.jobs import JobStore
+from inferq.store.migrate import upgrade
 from tests.helpers.clock import Clock
 
 

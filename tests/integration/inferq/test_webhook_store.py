@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from inferq.db.engine import make_engine, make_sessions
-from inferq.db.jobs import JobStore
-from inferq.db.migrate import upgrade
-from inferq.db.webhooks import WebhookStore
-from inferq.jobs import JobError, JobOutcome
-from inferq.webhooks import Attempt, DeliveryState, WebhookRequest
+from inferq.domain.jobs import JobError, JobOutcome
+from inferq.domain.webhooks import Attempt, DeliveryState, WebhookRequest
+from inferq.store.engine import make_engine, make_sessions
+from inferq.store.jobs import JobStore
+from inferq.store.migrate import upgrade
+from inferq.store.webhooks import WebhookStore
 from tests.helpers.clock import Clock
 from tests.helpers.jobs import job_result, job_spec
 

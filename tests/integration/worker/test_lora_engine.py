@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from inferq.demo_model import CPU_DTYPE
-from inferq.jobs import JobResult, SamplingParams
+from cli.demo_model import CPU_DTYPE
+from inferq.domain.jobs import JobResult, SamplingParams
 from inferq.settings import Settings
 from tests.conftest import MODEL_NAME
 from tests.helpers.lora import make_tiny_adapter
-from worker.engine import EngineRequest
+from worker.engine.protocol import EngineRequest
 
 if TYPE_CHECKING:
-    from worker.vllm_engine import VllmEngine
+    from worker.engine.vllm.generate import VllmEngine
 
 # Importing vLLM (and torch) warns of their own deprecations.
 pytestmark = [
@@ -41,7 +41,7 @@ def adapter(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def engine(tiny_model: Path, adapter: Path) -> Iterator[VllmEngine]:
     """One engine start for the module: the tiny model with one adapter."""
-    from worker.vllm_engine import VllmEngine
+    from worker.engine.vllm.generate import VllmEngine
 
     settings = Settings(
         model=str(tiny_model),

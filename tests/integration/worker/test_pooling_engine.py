@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pytest
 
-from inferq.demo_model import CPU_DTYPE
+from cli.demo_model import CPU_DTYPE
+from inferq.domain.jobs import JobResult, SamplingParams
 from inferq.exceptions import RequestRejected
-from inferq.jobs import JobResult, SamplingParams
-from inferq.prompts import PromptRenderer
 from inferq.settings import Settings
-from worker.engine import EngineRequest
+from inferq.wire.prompts import PromptRenderer
+from worker.engine.protocol import EngineRequest
 
 if TYPE_CHECKING:
-    from worker.vllm_pooling import VllmPoolingEngine
+    from worker.engine.vllm.pooling import VllmPoolingEngine
 
 # Importing vLLM (and torch) warns of their own deprecations.
 pytestmark = [
@@ -33,8 +33,8 @@ TEXTS = ("The cat sat on the mat.", "Queues keep the engine full.", "A third, lo
 
 @pytest.fixture(scope="module")
 def engine(tiny_model: Path) -> Iterator[VllmPoolingEngine]:
-    from worker.engine_factory import build_engine
-    from worker.vllm_pooling import VllmPoolingEngine
+    from worker.engine.factory import build_engine
+    from worker.engine.vllm.pooling import VllmPoolingEngine
 
     settings = Settings(
         model=str(tiny_model),

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from inferq.jobs import MAX_PRIORITY
+from inferq.domain.jobs import MAX_PRIORITY
 from tests.conftest import Stack
 from tests.integration.api.test_batches import chat_line, client_for, upload
 from tests.integration.api.test_jobs_end_to_end import run

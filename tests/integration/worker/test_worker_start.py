@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from inferq.db.engine import make_engine, make_sessions
-from inferq.db.served_models import ModelStore
-from inferq.jobs import JobStatus
+from inferq.domain.jobs import JobStatus
+from inferq.store.engine import make_engine, make_sessions
+from inferq.store.served_models import ModelStore
 from tests.conftest import DeploymentFactory, new_key_prefix, service_env
 from tests.helpers.processes import INFERQ, log_contains
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from api.auth import Authenticator
-from inferq.api_keys import ApiKey, hash_key
+from inferq.domain.api_keys import ApiKey, hash_key
 from inferq.exceptions import Unauthorized
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-from inferq.batch_output import render
-from inferq.batches import CHAT_ENDPOINT, ResultRow
-from inferq.jobs import JobStatus
+from inferq.domain.batches import CHAT_ENDPOINT, ResultRow
+from inferq.domain.jobs import JobStatus
+from inferq.wire.batch_output import render
 
 
 def test_line_separators_in_generated_text_do_not_split_a_line() -> None:

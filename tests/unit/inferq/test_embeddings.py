@@ -14,23 +14,23 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from inferq.batch_lines import BatchLineReader, LineSpec
-from inferq.batch_output import output_line
-from inferq.batches import EMBEDDINGS_ENDPOINT, LineError, ResultRow
-from inferq.embeddings import (
+from inferq.domain.batches import EMBEDDINGS_ENDPOINT, LineError, ResultRow
+from inferq.domain.jobs import Job, JobResult, JobStatus, SamplingParams
+from inferq.domain.served_models import ServedModel
+from inferq.exceptions import InvalidRequest
+from inferq.wire.batch_lines import BatchLineReader, LineSpec
+from inferq.wire.batch_output import output_line
+from inferq.wire.embeddings import (
     MAX_INPUTS,
     EmbeddingBody,
     embedding_body,
     embedding_spec,
     embedding_vectors,
 )
-from inferq.exceptions import InvalidRequest
-from inferq.jobs import Job, JobResult, JobStatus, SamplingParams
-from inferq.model_catalog import CatalogModel, FixedModels, ModelCatalog, RequestLimits
-from inferq.prompts import PromptRenderer
-from inferq.public import job_json
-from inferq.served_models import ServedModel
-from inferq.validation import JobValidator
+from inferq.wire.model_catalog import CatalogModel, FixedModels, ModelCatalog, RequestLimits
+from inferq.wire.prompts import PromptRenderer
+from inferq.wire.public import job_json
+from inferq.wire.validation import JobValidator
 
 EMBEDDER = "embedder"
 LIMITS = RequestLimits(default_max_tokens=16, max_n=2, max_tokens_cap=64)

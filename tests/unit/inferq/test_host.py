@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from inferq.host import cpu_memory
+from inferq.host.hardware import cpu_memory
 
 KB = 1024
 

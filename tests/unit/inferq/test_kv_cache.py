@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferq.kv_cache import (
+from inferq.host.kv_cache import (
     CPU_ENGINE_OVERHEAD_BYTES,
     Device,
     GiB,

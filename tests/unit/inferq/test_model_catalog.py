@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from inferq.domain.served_models import ServedModel, served_by
 from inferq.exceptions import InvalidRequest, ModelNotFound, ModelUnavailable
-from inferq.model_catalog import REFRESH_S, ModelCatalog, RequestLimits
-from inferq.prompts import PromptRenderer
-from inferq.served_models import ServedModel, served_by
 from inferq.settings import Settings
+from inferq.wire.model_catalog import REFRESH_S, ModelCatalog, RequestLimits
+from inferq.wire.prompts import PromptRenderer
 
 LIMITS = RequestLimits(default_max_tokens=16, max_n=2, max_tokens_cap=64)
 
@@ -158,7 +158,7 @@ def test_a_worker_registers_its_model_and_each_adapter() -> None:
 
 
 def _sampling():  # type: ignore[no-untyped-def]
-    from inferq.validation import SamplingFields
+    from inferq.wire.validation import SamplingFields
 
     return SamplingFields(max_tokens=4)
 

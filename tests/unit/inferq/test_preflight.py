@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from inferq.exceptions import PreflightFailed
-from inferq.host import Gpu, NvmlUnavailable
-from inferq.kv_cache import GiB, MiB
-from inferq.preflight import (
+from inferq.host.hardware import Gpu, NvmlUnavailable
+from inferq.host.kv_cache import GiB, MiB
+from inferq.host.preflight import (
     check_bf16,
     check_dtype,
     engine_gpus,
@@ -19,7 +19,7 @@ from inferq.preflight import (
     plan_engine,
 )
 from inferq.settings import Settings
-from worker.engine_output import root_cause, start_failure
+from worker.engine.output import root_cause, start_failure
 
 
 def _settings(model: Path | str, **values: object) -> Settings:

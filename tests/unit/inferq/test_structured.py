@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
+from inferq.domain.jobs import Choice, JobResult
 from inferq.exceptions import InvalidRequest
-from inferq.jobs import Choice, JobResult
-from inferq.messages import ChatMessage
-from inferq.prompts import PromptRenderer
-from inferq.public import ChoicePublic
-from inferq.tool_calls import with_tool_calls
-from inferq.validation import JobValidator, SamplingFields
+from inferq.wire.messages import ChatMessage
+from inferq.wire.prompts import PromptRenderer
+from inferq.wire.public import ChoicePublic
+from inferq.wire.validation import JobValidator, SamplingFields
+from worker.engine.tool_calls import with_tool_calls
 
 SCHEMA = {
     "type": "object",
@@ -268,7 +268,7 @@ def test_forced_calls_are_read_as_json_and_a_cut_output_stays_text() -> None:
 # Importing vLLM here (the test process) brings torch's own deprecation warnings.
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_auto_calls_are_read_by_vllms_parser_for_the_model_family(tiny_model: Path) -> None:
-    from worker.vllm_tools import AutoToolParser
+    from worker.engine.vllm.tools import AutoToolParser
 
     class _Llm:
         def get_tokenizer(self) -> Any:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from inferq.jobs import TokenLogprob
-from inferq.token_stream import ChoiceDelta, JobDelta, RunStarted, coalesce, decode_entry
+from inferq.broker.token_stream import ChoiceDelta, JobDelta, RunStarted, coalesce, decode_entry
+from inferq.domain.jobs import TokenLogprob
 
 
 def delta(job_id: str, *choices: ChoiceDelta) -> JobDelta:

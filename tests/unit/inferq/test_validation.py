@@ -6,9 +6,9 @@ import pytest
 from pydantic import ValidationError
 
 from inferq.exceptions import InvalidRequest
-from inferq.messages import ChatMessage
-from inferq.prompts import PromptRenderer
-from inferq.validation import JobValidator, SamplingFields
+from inferq.wire.messages import ChatMessage
+from inferq.wire.prompts import PromptRenderer
+from inferq.wire.validation import JobValidator, SamplingFields
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from inferq.webhooks import (
+from inferq.domain.webhooks import (
     UnsafeWebhookUrl,
     WebhookEndpoint,
     check_webhook_url,

@@ -13,7 +13,7 @@ import typer.main
 import yaml
 
 from cli.main import app
-from inferq.queues import gpu_queues
+from inferq.domain.queue_names import gpu_queues
 from inferq.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[3]

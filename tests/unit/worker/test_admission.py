@@ -1,9 +1,9 @@
 import threading
 import time
 
-from inferq.jobs import SamplingParams, engine_priority
+from inferq.domain.jobs import SamplingParams, engine_priority
 from worker.admission import AdmissionQueue
-from worker.engine import EngineRequest
+from worker.engine.protocol import EngineRequest
 
 
 def _requests(*ids: str) -> list[EngineRequest]:

@@ -8,12 +8,12 @@ from collections.abc import Callable, Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from inferq.jobs import JobOutcome, SamplingParams
-from inferq.token_stream import JobDelta, RunStarted, TokenEvent
+from inferq.broker.token_stream import JobDelta, RunStarted, TokenEvent
+from inferq.domain.jobs import JobOutcome, SamplingParams
 from tests.helpers.fakes import StepEngine
 from tests.helpers.waiting import wait_until
 from worker.admission import AdmissionQueue
-from worker.engine import EngineRequest
+from worker.engine.protocol import EngineRequest
 from worker.loop import EngineLoop
 from worker.metrics import WorkerMetrics
 

@@ -11,10 +11,10 @@ from collections.abc import Callable, Iterator, Sequence
 import pytest
 from prometheus_client import CollectorRegistry
 
+from inferq.domain.jobs import ClaimedJob, JobOutcome, JobResult, JobStatus, engine_priority
 from inferq.exceptions import JobsReturned
-from inferq.jobs import ClaimedJob, JobOutcome, JobResult, JobStatus, engine_priority
 from tests.helpers.fakes import HeldEngine, MemoryJobStore, StepEngine
-from worker.engine import EngineRequest
+from worker.engine.protocol import EngineRequest
 from worker.metrics import WorkerMetrics
 from worker.runtime import EngineRuntime
 

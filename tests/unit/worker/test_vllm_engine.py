@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from inferq.domain.jobs import SamplingParams
 from inferq.exceptions import EngineStartFailed, RequestRejected
-from inferq.jobs import SamplingParams
 from inferq.settings import Settings
-from worker.engine import EngineRequest
+from worker.engine.protocol import EngineRequest
 
 
 class _RefusingCore:
@@ -35,7 +35,7 @@ class _RefusingCore:
 # Importing vLLM (and torch) warns of their own deprecations.
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_a_request_the_engine_core_cannot_take_is_rejected_and_forgotten() -> None:
-    from worker.vllm_engine import VllmEngine
+    from worker.engine.vllm.generate import VllmEngine
 
     core = _RefusingCore()
     engine = VllmEngine(SimpleNamespace(llm_engine=core), step_timeout_s=60)  # type: ignore[arg-type]
@@ -53,7 +53,7 @@ def test_a_request_the_engine_core_cannot_take_is_rejected_and_forgotten() -> No
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_lora_engine_args_come_only_with_adapters() -> None:
-    from worker.vllm_core import engine_args
+    from worker.engine.vllm.core import engine_args
 
     plain = engine_args(Settings())
     assert not {"enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras"} & plain.keys()
@@ -67,7 +67,7 @@ def test_lora_engine_args_come_only_with_adapters() -> None:
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_a_missing_local_adapter_fails_the_start_before_vllm_loads(tmp_path: Path) -> None:
-    from worker.vllm_engine import VllmEngine
+    from worker.engine.vllm.generate import VllmEngine
 
     missing = tmp_path / "nowhere"
     settings = Settings(model=str(tmp_path / "no-model"), lora_adapters={"a": str(missing)})
@@ -92,7 +92,7 @@ class _NoLoras(_RefusingCore):
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_an_adapter_vllm_cannot_load_fails_the_start_and_closes_the_engine() -> None:
-    from worker.vllm_engine import VllmEngine
+    from worker.engine.vllm.generate import VllmEngine
 
     core = _NoLoras()
     engine = VllmEngine(

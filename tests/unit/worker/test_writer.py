@@ -6,8 +6,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any, cast
 
-from inferq.db.jobs import JobStore
-from inferq.jobs import JobOutcome, JobResult
+from inferq.domain.jobs import JobOutcome, JobResult
+from inferq.store.jobs import JobStore
 from worker.writer import ResultWriter
 
 

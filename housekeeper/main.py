@@ -1,0 +1,153 @@
+"""The housekeeping worker (`inferq webhooks`): the GPU-less worker for webhook delivery,
+maintenance and batch finalization; and `inferq beat`, which schedules maintenance."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+from redis import Redis
+
+from housekeeper.maintenance import Maintenance
+from housekeeper.retention import Retention
+from housekeeper.webhook_sender import WebhookSender
+from inferq.broker.celery_app import JobPublisher, make_celery
+from inferq.broker.events import JobEvents
+from inferq.constants import (
+    DELIVER_WEBHOOKS_TASK,
+    FINALIZE_BATCH_TASK,
+    MAINTAIN_TASK,
+    MAINTENANCE_QUEUE,
+    SERVICE_QUEUES,
+)
+from inferq.domain.webhooks import Delivery, parse_networks
+from inferq.operations.batches import BatchOperations
+from inferq.settings import Settings
+from inferq.store.batches import BatchStore
+from inferq.store.engine import make_engine, make_sessions
+from inferq.store.files import FileStore
+from inferq.store.jobs import JobStore
+from inferq.store.migrate import check_schema
+from inferq.store.retention import RetentionStore
+from inferq.store.served_models import ModelStore
+from inferq.store.webhooks import WebhookStore
+from inferq.wire.public import batch_json, job_json
+
+log = logging.getLogger(__name__)
+
+
+def register_housekeeping_tasks(
+    app: Celery, maintenance: Maintenance, batches: BatchOperations, sender: WebhookSender
+) -> None:
+    @app.task(name=MAINTAIN_TASK, ignore_result=True)  # type: ignore[untyped-decorator]
+    def maintain() -> dict[str, Any]:
+        """Publish again whatever Postgres says should be queued but Redis may have lost."""
+        report = maintenance.run_once()
+        return {"redis_lost": report.redis_lost, "republished": report.republished}
+
+    @app.task(name=FINALIZE_BATCH_TASK, ignore_result=True)  # type: ignore[untyped-decorator]
+    def finalize_batch(batch_id: str) -> str | None:
+        """Make a finished batch's output files and end it."""
+        batch = batches.finalize(batch_id)
+        return None if batch is None else batch.status.value
+
+    @app.task(name=DELIVER_WEBHOOKS_TASK, ignore_result=True)  # type: ignore[untyped-decorator]
+    def deliver_webhooks() -> dict[str, int]:
+        """Attempt every due webhook delivery once (retries are scheduled in Postgres)."""
+        return sender.deliver_due()
+
+
+def _renderer(jobs: JobStore, batches: BatchStore):  # type: ignore[no-untyped-def]
+    """A delivery's `data`: the job or batch object, as the API shows it."""
+
+    def render(delivery: Delivery) -> dict[str, Any]:
+        if delivery.job_id is not None:
+            return job_json(jobs.get_job(delivery.job_id))
+        assert delivery.batch_id is not None
+        return batch_json(batches.get(delivery.batch_id))
+
+    return render
+
+
+def _bases(models: ModelStore) -> set[str]:
+    """The served models whose queues maintenance watches."""
+    return {model.base for model in models.all()}
+
+
+def run_housekeeper(settings: Settings, *, name: str | None = None) -> None:
+    check_schema(settings.database_url)
+    sessions = make_sessions(
+        make_engine(settings.database_url, pool_size=4 + settings.webhook_concurrency)
+    )
+    store = JobStore(sessions)
+    app = make_celery(settings)
+    publisher = JobPublisher.from_settings(settings, app)
+    redis = Redis.from_url(settings.redis_url)
+    batch_store = BatchStore(sessions, on_webhooks=publisher.publish_webhooks)
+    webhooks = WebhookStore(sessions)
+    sender = WebhookSender(
+        store=webhooks,
+        render=_renderer(store, batch_store),
+        timeout_s=settings.webhook_timeout_s,
+        schedule_s=settings.webhook_retry_schedule_s,
+        allowed=parse_networks(settings.webhook_allowed_networks),
+        concurrency=settings.webhook_concurrency,
+    )
+    batches = BatchOperations(
+        files=FileStore(sessions),
+        batches=batch_store,
+        models=None,
+        publisher=publisher,
+        events=JobEvents(redis, key_prefix=settings.redis_key_prefix),
+        max_lines=settings.max_batch_lines,
+        requeue_after_s=settings.requeue_after_s,
+    )
+    maintenance = Maintenance(
+        store=store,
+        publisher=publisher,
+        redis=redis,
+        key_prefix=settings.redis_key_prefix,
+        requeue_after_s=settings.requeue_after_s,
+        stranded_after_s=settings.lease_s,
+        batches=batches,
+        webhooks_due=webhooks.due,
+        retention=Retention(
+            RetentionStore(sessions),
+            job_retention_s=settings.job_retention_s,
+            webhook_retention_s=settings.webhook_retention_s,
+        ),
+        served_models=functools.partial(_bases, ModelStore(sessions)),
+    )
+    register_housekeeping_tasks(app, maintenance, batches, sender)
+    app.worker_main(
+        [
+            "worker",
+            "--pool=threads",
+            "--concurrency=8",
+            f"--queues={','.join(SERVICE_QUEUES)}",
+            f"--hostname={name or f'service-{os.getpid()}@{socket.gethostname()}'}",
+            f"--loglevel={settings.log_level}",
+            "--without-mingle",
+            "--without-gossip",
+        ]
+    )
+
+
+def run_beat(settings: Settings) -> None:
+    app = make_celery(settings)
+    app.conf.beat_schedule = {
+        "maintenance": {
+            "task": MAINTAIN_TASK,
+            "schedule": settings.maintenance_interval_s,
+            "options": {"queue": MAINTENANCE_QUEUE, "expires": settings.maintenance_interval_s},
+        }
+    }
+    # The schedule file only remembers when tasks last ran; a fresh one is harmless.
+    schedule = Path(tempfile.gettempdir()) / f"inferq-beat-{os.getpid()}"
+    app.start(["beat", f"--schedule={schedule}", f"--loglevel={settings.log_level}"])

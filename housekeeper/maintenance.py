@@ -1,0 +1,198 @@
+"""Periodic maintenance: Postgres is the truth, so whatever Redis lost is published again.
+
+- A running job whose worker stopped renewing its lease (killed, say) returns to queued
+  and is published again.
+- A queued job not taken within `requeue_after_s` is published again (its message was
+  lost: the API died between commit and publish, or Redis was down).
+- If Redis lost its data (the epoch key is gone: a FLUSHALL, a restart without
+  persistence), every queued job is published again at once.
+- A queued job published before the oldest message still waiting in its Redis list has
+  had its message delivered (lists are first in, first out), yet no worker claimed it: the
+  worker died between taking the message and claiming the job. Once that is a lease old,
+  the job is published again.
+
+A duplicate message is harmless: a worker claims a job only while it is queued (or its
+lease ran out), so the second message finds nothing to do.
+
+Last, retention deletes what has outlived its keep (housekeeper/retention.py); each pass's
+report goes to Redis (`retention:passes`, newest first) for operators and benches.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import cast
+
+from redis import Redis
+
+from housekeeper.retention import Retention
+from inferq.broker.celery_app import JobPublisher
+from inferq.constants import (
+    EPOCH_KEY,
+    MAINTENANCE_LAST_RUN_KEY,
+    MAINTENANCE_LOCK_KEY,
+    RETENTION_PASSES_KEPT,
+    RETENTION_PASSES_KEY,
+)
+from inferq.domain.queue_names import gpu_queues, is_bulk
+from inferq.operations.batches import BatchOperations
+from inferq.store.base import utcnow
+from inferq.store.jobs import DueJob, JobStore
+
+log = logging.getLogger(__name__)
+
+BATCH_LIMIT = 10_000
+
+
+@dataclass(frozen=True)
+class MaintenanceReport:
+    redis_lost: bool
+    republished: int
+    skipped: bool = False
+
+
+class Maintenance:
+    """One maintenance pass; safe to run from several processes at once (a Redis lock
+    lets one through) and safe to repeat."""
+
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        publisher: JobPublisher,
+        redis: Redis,
+        key_prefix: str,
+        requeue_after_s: int,
+        stranded_after_s: int,
+        batches: BatchOperations | None = None,
+        webhooks_due: Callable[[], bool] | None = None,
+        retention: Retention | None = None,
+        served_models: Callable[[], Iterable[str]] = tuple,
+        lock_s: int = 300,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self._store = store
+        self._publisher = publisher
+        self._redis = redis
+        self._epoch_key = key_prefix + EPOCH_KEY
+        self._lock_key = key_prefix + MAINTENANCE_LOCK_KEY
+        self._last_run_key = key_prefix + MAINTENANCE_LAST_RUN_KEY
+        self._requeue_after_s = requeue_after_s
+        self._stranded_after = timedelta(seconds=stranded_after_s)
+        self._key_prefix = key_prefix
+        self._lock_s = lock_s
+        self._clock = clock
+        self._batches = batches
+        self._webhooks_due = webhooks_due
+        self._retention = retention
+        self._served_models = served_models
+        self._retention_key = key_prefix + RETENTION_PASSES_KEY
+
+    def run_once(self) -> MaintenanceReport:
+        token = uuid.uuid4().hex
+        if not self._redis.set(self._lock_key, token, nx=True, ex=self._lock_s):
+            return MaintenanceReport(redis_lost=False, republished=0, skipped=True)
+        try:
+            report = self._run()
+            self._redis.set(self._last_run_key, self._clock().isoformat())
+            return report
+        finally:
+            if self._redis.get(self._lock_key) == token.encode():
+                self._redis.delete(self._lock_key)
+
+    def _run(self) -> MaintenanceReport:
+        # SET NX succeeds only when the key is missing: the first pass ever, or Redis
+        # forgot everything since the last one.
+        redis_lost = bool(self._redis.set(self._epoch_key, uuid.uuid4().hex, nx=True))
+        due: list[DueJob] = []
+        if redis_lost:
+            due += self._store.queued_jobs(requeue_after_s=self._requeue_after_s)
+            if due:
+                log.warning(
+                    "Redis has no record of earlier work (lost data, or a first start): "
+                    "publishing all %d queued jobs again",
+                    len(due),
+                )
+        while True:
+            batch = self._store.take_due(requeue_after_s=self._requeue_after_s, limit=BATCH_LIMIT)
+            due += batch
+            if len(batch) < BATCH_LIMIT:
+                break
+        queues = [queue for model in self._served_models() for queue in gpu_queues(model)]
+        for queue in queues:
+            horizon = self._delivered_before(queue)
+            if horizon is not None:
+                due += self._store.take_stranded(
+                    queue=queue,
+                    published_before=horizon - self._stranded_after,
+                    requeue_after_s=self._requeue_after_s,
+                    limit=BATCH_LIMIT,
+                )
+        self._publish(due)
+        self._tend_batches()
+        if self._webhooks_due is not None and self._webhooks_due():
+            # Retries come due here, on Postgres' clock: no long Celery countdowns.
+            self._publisher.publish_webhooks()
+        if due and not redis_lost:
+            log.warning("published %d jobs again (lapsed leases or lost messages)", len(due))
+        self._keep_retention()
+        return MaintenanceReport(redis_lost=redis_lost, republished=len(due))
+
+    def _keep_retention(self) -> None:
+        if self._retention is None:
+            return
+        report = self._retention.run_once()
+        entry = json.dumps({"at": self._clock().isoformat(), **report.as_dict()})
+        pipe = self._redis.pipeline()
+        pipe.lpush(self._retention_key, entry)
+        pipe.ltrim(self._retention_key, 0, RETENTION_PASSES_KEPT - 1)
+        pipe.execute()
+
+    def _tend_batches(self) -> None:
+        """Expire batches past their window; finalize any whose last line ended unseen."""
+        if self._batches is None:
+            return
+        for batch_id in self._batches.expire_due():
+            log.info("batch %s expired", batch_id, extra={"batch_id": batch_id})
+        for batch_id in self._batches.batches.finished():
+            self._batches.finalize(batch_id)
+
+    def _delivered_before(self, queue: str) -> datetime | None:
+        """A time before which every job of `queue` has had its message delivered: when
+        the oldest waiting message was published, or now if the list is empty."""
+        # redis-py types its sync client as sync-or-async; this one is sync.
+        oldest = cast("bytes | str | None", self._redis.lindex(self._key_prefix + queue, -1))
+        if oldest is None:
+            return self._clock()
+        job_ids = _job_ids(oldest)
+        return self._store.published_at(job_ids) if job_ids else None
+
+    def _publish(self, jobs: Sequence[DueJob]) -> None:
+        by_queue: dict[str, list[str]] = {}
+        for job in jobs:
+            by_queue.setdefault(job.queue, []).append(job.id)
+        for queue, ids in by_queue.items():
+            if is_bulk(queue):
+                self._publisher.publish_bulk(ids, queue=queue)
+            else:
+                self._publisher.publish_interactive(ids, queue=queue)
+
+
+def _job_ids(raw: bytes | str) -> list[str]:
+    """The job ids in a kombu message as it sits in Redis: JSON around a base64 body that
+    holds Celery's [args, kwargs, embed]; `run_jobs` takes the ids as its one argument."""
+    try:
+        envelope = json.loads(raw)
+        body = envelope["body"]
+        if envelope.get("properties", {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args = json.loads(body)[0]
+        return [str(job_id) for job_id in args[0]]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return []

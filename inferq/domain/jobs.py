@@ -1,0 +1,289 @@
+"""The domain: what a job is, what it asks for and what it produced. Plain typed data."""
+
+from __future__ import annotations
+
+import array
+import dataclasses
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+class JobStatus(enum.StrEnum):
+    """Where a job is in its life. It only ever moves forward."""
+
+    QUEUED = "queued"
+    """Written to Postgres and published; no worker has taken it yet."""
+    RUNNING = "running"
+    """A GPU worker holds it under a lease and is generating."""
+    SUCCEEDED = "succeeded"
+    """The result is written."""
+    FAILED = "failed"
+    """It ended with an error that says why."""
+    CANCELLED = "cancelled"
+    """A client cancelled it before it finished; it produces no result."""
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
+ACTIVE_STATUSES = frozenset({JobStatus.QUEUED, JobStatus.RUNNING})
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingParams:
+    """How to sample; the names and meanings are vLLM's (and mostly OpenAI's)."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    n: int = 1
+    logprobs: int | None = None
+    ignore_eos: bool = False
+    # What the output must match, in vLLM's StructuredOutputsParams terms: one of `json`
+    # (a schema), `json_object`, `regex`, `choice` or `grammar` (`inferq.wire.structured`).
+    structured: Mapping[str, Any] | None = None
+    # How to read tool calls out of the output: {"type": "auto"} (the tool-call parser),
+    # {"type": "required"} (a JSON array of calls) or {"type": "function", "name": ...}
+    # (the output is that function's arguments). None: the output is text.
+    tool_choice: Mapping[str, Any] | None = None
+    # An embedding job (runner `pooling`): {"input_lengths": [...], "dimensions": int | None,
+    # "encoding_format": "float" | "base64"}. Its inputs' token ids are concatenated in
+    # `prompt_token_ids`, split by `input_lengths`; `max_tokens` is 1 and means nothing.
+    pooling: Mapping[str, Any] | None = None
+
+    @property
+    def sequences(self) -> int:
+        """Engine sequences the request takes: one per completion, or one per input."""
+        return len(self.pooling["input_lengths"]) if self.pooling is not None else self.n
+
+    def to_dict(self) -> dict[str, Any]:
+        # Not `dataclasses.asdict`: its deep copy is most of the cost of storing a batch line.
+        data = {f.name: getattr(self, f.name) for f in _SAMPLING_FIELDS}
+        data["stop"] = list(self.stop)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SamplingParams:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in fields}
+        values["stop"] = tuple(values.get("stop") or ())
+        return cls(**values)
+
+
+_SAMPLING_FIELDS = dataclasses.fields(SamplingParams)
+
+
+# A job's own `priority`: 0 (the default, and the most urgent a client may ask for) to
+# MAX_PRIORITY; lower runs first, as in vLLM. A client can only put its own work behind
+# others', never ahead of them.
+MAX_PRIORITY = 9
+# Batch lines come after every single job, whatever either's own priority.
+_BULK_PRIORITY_OFFSET = MAX_PRIORITY + 1
+
+
+def engine_priority(priority: int, *, interactive: bool) -> int:
+    """The priority the engine schedules by: single jobs first, then the job's own."""
+    return priority if interactive else _BULK_PRIORITY_OFFSET + priority
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """A validated request, ready to be written: the prompt is already tokenized."""
+
+    model: str
+    prompt: str | None
+    messages: list[dict[str, Any]] | None
+    prompt_token_ids: Sequence[int]
+    sampling: SamplingParams
+    metadata: dict[str, Any] = field(default_factory=dict)
+    priority: int = 0
+    # Tokens go to Redis as they are generated, for whoever follows the job live.
+    stream: bool = False
+    # The served model whose workers run it, when `model` is one of its LoRA adapters.
+    base: str | None = None
+
+    @property
+    def served_by(self) -> str:
+        """The served model whose queues carry this job."""
+        return self.base or self.model
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenLogprob:
+    """One generated token's log-probability and the most likely alternatives."""
+
+    token: str
+    logprob: float
+    top_logprobs: tuple[tuple[str, float], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "token": self.token,
+            "logprob": self.logprob,
+            "top_logprobs": [{"token": t, "logprob": lp} for t, lp in self.top_logprobs],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TokenLogprob:
+        return cls(
+            token=data["token"],
+            logprob=data["logprob"],
+            top_logprobs=tuple((t["token"], t["logprob"]) for t in data["top_logprobs"]),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolCall:
+    """A function call read out of a chat's output; `arguments` is JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ToolCall:
+        return cls(id=data["id"], name=data["name"], arguments=data["arguments"])
+
+
+@dataclass(frozen=True, kw_only=True)
+class Choice:
+    """One generated completion (a job has `n` of them). With `tool_calls`, `text` is
+    what the output said besides the calls (often nothing)."""
+
+    index: int
+    text: str
+    finish_reason: str | None
+    completion_tokens: int
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    tool_calls: tuple[ToolCall, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {
+            "index": self.index,
+            "text": self.text,
+            "finish_reason": self.finish_reason,
+            "completion_tokens": self.completion_tokens,
+            "logprobs": None if self.logprobs is None else [lp.to_dict() for lp in self.logprobs],
+        }
+        if self.tool_calls is not None:
+            data["tool_calls"] = [call.to_dict() for call in self.tool_calls]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Choice:
+        logprobs = data.get("logprobs")
+        calls = data.get("tool_calls")
+        return cls(
+            index=data["index"],
+            text=data["text"],
+            finish_reason=data["finish_reason"],
+            completion_tokens=data["completion_tokens"],
+            logprobs=None if logprobs is None else tuple(map(TokenLogprob.from_dict, logprobs)),
+            tool_calls=None if calls is None else tuple(map(ToolCall.from_dict, calls)),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobResult:
+    """What the engine produced for a job."""
+
+    choices: tuple[Choice, ...]
+    prompt_tokens: int
+    # An embedding job's vectors: float32, little-endian, one per input in input order,
+    # concatenated (each is len(embedding) / 4 / inputs floats).
+    embedding: bytes | None = None
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.completion_tokens for c in self.choices)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobError:
+    """Why a job failed: a stable code and a message for people."""
+
+    code: str
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"code": self.code, "message": self.message}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """A job as stored."""
+
+    id: str
+    tenant: str
+    status: JobStatus
+    model: str
+    prompt: str | None
+    messages: list[dict[str, Any]] | None
+    sampling: SamplingParams
+    metadata: dict[str, Any]
+    prompt_tokens: int
+    created_at: datetime
+    attempts: int = 0
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    result: JobResult | None = None
+    error: JobError | None = None
+    batch_id: str | None = None
+    custom_id: str | None = None
+    priority: int = 0
+    stream: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClaimedJob:
+    """What a worker needs to run a job it has just claimed."""
+
+    id: str
+    model: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    created_at: datetime
+    batch_id: str | None = None
+    priority: int = 0
+    stream: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobOutcome:
+    """How a run ended, as the worker reports it to the store: a result or an error."""
+
+    job_id: str
+    result: JobResult | None = None
+    error: JobError | None = None
+    started_at: datetime | None = None
+
+    @property
+    def status(self) -> JobStatus:
+        return JobStatus.SUCCEEDED if self.error is None else JobStatus.FAILED
+
+
+def pack_token_ids(token_ids: Sequence[int]) -> bytes:
+    """Token ids as native int32 (little-endian on x86-64 and Arm): compact and quick to read."""
+    packed = array.array("i", token_ids)
+    if packed.itemsize != 4:  # pragma: no cover - no such platform in use
+        raise RuntimeError("int32 arrays are required")
+    return packed.tobytes()
+
+
+def unpack_token_ids(data: bytes) -> list[int]:
+    return array.array("i", data).tolist()

@@ -1,0 +1,408 @@
+"""The batch store: every SQL statement about batches and their jobs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import exists, func, insert, or_, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from inferq.domain.batches import (
+    BATCH_ID_PREFIX,
+    Batch,
+    BatchStatus,
+    LineError,
+    ResultRow,
+)
+from inferq.domain.jobs import ACTIVE_STATUSES, TERMINAL_STATUSES, JobStatus
+from inferq.domain.queue_names import bulk_queue
+from inferq.exceptions import InvalidState, NotFound
+from inferq.ids import new_id
+from inferq.store.base import Page, Store, as_utc, newest_first, scoped_row, utcnow
+from inferq.store.batch_rows import (
+    RESULT_COLUMNS,
+    NewBatch,
+    batch_from_row,
+    new_batch_row,
+    output_expiry,
+    result_row,
+)
+from inferq.store.bulk import insert_rows
+from inferq.store.files import FileSize, add_output_file
+from inferq.store.idempotency import record_response
+from inferq.store.job_rows import BatchPlace, new_job_row
+from inferq.store.models import BatchRow, JobRow
+from inferq.store.outbox import enqueue_batch_event, ensure_endpoint, wake_delivery
+from inferq.wire.batch_lines import LineSpec
+
+INSERT_EVERY = 1000
+PUBLISH_CHUNK = 4096
+_ACTIVE = [s.value for s in ACTIVE_STATUSES]
+_FINALIZABLE = [
+    BatchStatus.IN_PROGRESS.value,
+    BatchStatus.FINALIZING.value,
+    BatchStatus.CANCELLING.value,
+]
+
+# Renders a new batch as the body of its response, to remember for an idempotent request.
+Respond = Callable[[Batch], dict[str, Any]]
+
+
+class BatchStore(Store):
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        *,
+        clock: Callable[[], datetime] = utcnow,
+        on_webhooks: Callable[[], None] | None = None,
+    ) -> None:
+        """`on_webhooks`: as for `JobStore`, called after a commit that queued a delivery."""
+        super().__init__(sessions, clock=clock)
+        self._on_webhooks = on_webhooks
+
+    def create(
+        self,
+        new: NewBatch,
+        lines: Iterable[LineSpec | LineError],
+        *,
+        requeue_after_s: int,
+        max_errors: int,
+        respond: Respond | None = None,
+    ) -> Batch:
+        """Write the batch and a job per line in one transaction, a thousand rows at a
+        time. If any line is refused, nothing but the failed batch (with the errors) is
+        written. A batch created under an idempotency key has its response
+        (`respond(batch)`) remembered in the same transaction."""
+        batch_id = new_id(BATCH_ID_PREFIX)
+        now = self._clock()
+        errors: list[LineError] = []
+        refused = written = 0
+        try:
+            with self._transaction() as session:
+                session.execute(insert(BatchRow).values(**_batch_row(session, new, batch_id, now)))
+                rows: list[dict[str, Any]] = []
+                for item in lines:
+                    if isinstance(item, LineError):
+                        refused += 1
+                        errors += [item] if len(errors) < max_errors else []
+                    elif not errors:  # after a refusal, lines are still checked, not written
+                        rows.append(_line_row(item, batch_id, new, now, requeue_after_s))
+                        written += 1
+                        rows = _flush(session, rows, at=INSERT_EVERY)
+                if errors:
+                    raise _LinesRefused
+                _flush(session, rows, at=1)
+                row = session.get(BatchRow, batch_id)
+                assert row is not None
+                row.status, row.in_progress_at = BatchStatus.IN_PROGRESS.value, self._clock()
+                row.request_total = written
+                batch = batch_from_row(row)
+                _remember(session, new, batch, respond)
+                return batch
+        except _LinesRefused:
+            pass  # the transaction rolled back: no job of this batch was written
+        if refused > len(errors):
+            errors.append(
+                LineError(
+                    code="too_many_errors",
+                    message=f"{refused - len(errors)} more lines were refused; "
+                    f"only the first {max_errors} are listed",
+                )
+            )
+        return self.create_failed(new, errors, respond=respond, batch_id=batch_id, created_at=now)
+
+    def create_failed(
+        self,
+        new: NewBatch,
+        errors: Sequence[LineError],
+        *,
+        respond: Respond | None = None,
+        batch_id: str | None = None,
+        created_at: datetime | None = None,
+    ) -> Batch:
+        """A batch refused as a whole (its file broke a limit, or a line was invalid)."""
+        now = self._clock()
+        batch_id = batch_id or new_id(BATCH_ID_PREFIX)
+        with self._transaction() as session:
+            values = _batch_row(session, new, batch_id, created_at or now)
+            values.update(
+                status=BatchStatus.FAILED.value,
+                failed_at=now,
+                errors=[e.to_dict() for e in errors],
+            )
+            session.execute(insert(BatchRow).values(**values))
+            row = session.get(BatchRow, batch_id)
+            assert row is not None
+            row.output_expires_at = output_expiry(row, now)
+            batch = batch_from_row(row)
+            queued = enqueue_batch_event(session, row, now)
+            _remember(session, new, batch, respond)
+        wake_delivery(self._on_webhooks, queued)
+        return batch
+
+    def get(self, batch_id: str, *, scope: str | None = None) -> Batch:
+        with self._transaction() as session:
+            return batch_from_row(_scoped(session, batch_id, scope, self._clock()))
+
+    def page(self, *, scope: str | None, after: str | None = None, limit: int = 20) -> Page[Batch]:
+        now = self._clock()
+        query = select(BatchRow).where(
+            or_(BatchRow.output_expires_at.is_(None), BatchRow.output_expires_at > now)
+        )
+        if scope is not None:
+            query = query.where(BatchRow.tenant == scope)
+        with self._transaction() as session:
+            return newest_first(
+                session,
+                query,
+                BatchRow.id,
+                after=after,
+                limit=limit,
+                convert=lambda rows: [batch_from_row(r) for r in rows],
+            )
+
+    def job_id_chunks(
+        self, batch_id: str, *, statuses: Sequence[JobStatus] = (JobStatus.QUEUED,)
+    ) -> Iterator[list[str]]:
+        """The batch's job ids in `statuses` (queued ones by default), in line order, in
+        chunks (for publishing)."""
+        for rows in self._line_chunks(batch_id, statuses):
+            yield [row.id for row in rows]
+
+    def queued_by_queue(self, batch_id: str) -> Iterator[tuple[str, list[str]]]:
+        """The batch's queued job ids in line order, in chunks of one queue each (for
+        publishing): `(queue, ids)`."""
+        for rows in self._line_chunks(batch_id, (JobStatus.QUEUED,)):
+            by_queue: dict[str, list[str]] = {}
+            for row in rows:
+                by_queue.setdefault(row.queue, []).append(row.id)
+            yield from by_queue.items()
+
+    def _line_chunks(self, batch_id: str, statuses: Sequence[JobStatus]) -> Iterator[list[Any]]:
+        """The id, line and queue of the batch's jobs in `statuses`, in line order, a
+        chunk per transaction."""
+        last = 0
+        while True:
+            with self._transaction() as session:
+                rows = session.execute(
+                    select(JobRow.id, JobRow.line, JobRow.queue)
+                    .where(JobRow.batch_id == batch_id, JobRow.line > last)
+                    .where(JobRow.status.in_([status.value for status in statuses]))
+                    .order_by(JobRow.line)
+                    .limit(PUBLISH_CHUNK)
+                ).all()
+            if not rows:
+                return
+            last = rows[-1].line
+            yield list(rows)
+
+    def stop(
+        self, batch_id: str, *, scope: str | None = None, code: str, message: str
+    ) -> tuple[Batch, list[str]]:
+        """Cancel (or expire) a batch: every line not yet finished ends now with `code`.
+        Returns the batch and the ids of the lines a worker may hold, to abort them."""
+        now = self._clock()
+        with self._transaction() as session:
+            row = _scoped(session, batch_id, scope, now, for_update=True)
+            if row.status not in (BatchStatus.IN_PROGRESS.value, BatchStatus.VALIDATING.value):
+                raise InvalidState(
+                    f"batch {batch_id} is {row.status}: only a batch in progress can be stopped"
+                )
+            stopped = session.execute(
+                update(JobRow)
+                .where(JobRow.batch_id == batch_id, JobRow.status.in_(_ACTIVE))
+                .values(
+                    status=JobStatus.CANCELLED.value,
+                    finished_at=now,
+                    lease_expires_at=None,
+                    error={"code": code, "message": message},
+                )
+                .returning(JobRow.id, JobRow.attempts)
+                .execution_options(synchronize_session=False)
+            )
+            # Lines ever claimed may be held by a worker: a claim that commits while this
+            # update waits for its rows is seen here (a read before it would miss it). A
+            # line given back since is told too; no worker holds it, so none minds.
+            ended = stopped.all()
+            running = [job_id for job_id, attempts in ended if attempts > 0]
+            row.request_failed += len(ended)
+            if code == "batch_expired":
+                row.expired_at = now
+            else:
+                row.status, row.cancelling_at = BatchStatus.CANCELLING.value, now
+            return batch_from_row(row), running
+
+    def expired(self, *, limit: int = 100) -> list[str]:
+        """Batches in progress whose completion window has run out."""
+        with self._transaction() as session:
+            return list(
+                session.scalars(
+                    select(BatchRow.id)
+                    .where(
+                        BatchRow.status == BatchStatus.IN_PROGRESS.value,
+                        BatchRow.expired_at.is_(None),
+                        BatchRow.expires_at < self._clock(),
+                    )
+                    .limit(limit)
+                )
+            )
+
+    def finished(self, batch_ids: Sequence[str] | None = None) -> list[str]:
+        """Batches (of these, or any) whose lines have all ended but are not finalized."""
+        active = exists().where(JobRow.batch_id == BatchRow.id, JobRow.status.in_(_ACTIVE))
+        query = select(BatchRow.id).where(BatchRow.status.in_(_FINALIZABLE), ~active)
+        if batch_ids is not None:
+            query = query.where(BatchRow.id.in_(batch_ids))
+        with self._transaction() as session:
+            return list(session.scalars(query.limit(1000)))
+
+    def start_finalizing(self, batch_id: str) -> Batch | None:
+        """Mark a batch whose lines have all ended as finalizing; None if it is not ready
+        (lines still active) or already final."""
+        with self._transaction() as session:
+            row = session.get(BatchRow, batch_id, with_for_update=True)
+            if row is None or row.status not in _FINALIZABLE:
+                return None
+            active = session.scalar(
+                select(exists().where(JobRow.batch_id == batch_id, JobRow.status.in_(_ACTIVE)))
+            )
+            if active:
+                return None
+            if row.status == BatchStatus.IN_PROGRESS.value:
+                row.status = BatchStatus.FINALIZING.value
+            row.finalizing_at = row.finalizing_at or self._clock()
+            return batch_from_row(row)
+
+    def finish_finalizing(
+        self, batch_id: str, *, output: FileSize, errors: FileSize
+    ) -> Batch | None:
+        """Record the output and error files (of these sizes; an empty one is not made)
+        and end the batch: completed, cancelled or expired."""
+        now = self._clock()
+        with self._transaction() as session:
+            row = session.get(BatchRow, batch_id, with_for_update=True)
+            if row is None or row.status not in _FINALIZABLE:
+                return None
+            row.output_expires_at = output_expiry(row, now)
+            row.output_file_id = _result_file(session, row, "output", output, now)
+            row.error_file_id = _result_file(session, row, "errors", errors, now)
+            if row.status == BatchStatus.CANCELLING.value:
+                row.status, row.cancelled_at = BatchStatus.CANCELLED.value, now
+            elif row.expired_at is not None:
+                row.status = BatchStatus.EXPIRED.value
+            else:
+                row.status, row.completed_at = BatchStatus.COMPLETED.value, now
+            batch = batch_from_row(row)
+            queued = enqueue_batch_event(session, row, now)
+        wake_delivery(self._on_webhooks, queued)
+        return batch
+
+    def first_active_line(self, batch_id: str) -> int | None:
+        """The first line of the batch still queued or running; None once all have ended."""
+        with self._transaction() as session:
+            return session.scalar(
+                select(func.min(JobRow.line)).where(
+                    JobRow.batch_id == batch_id, JobRow.status.in_(_ACTIVE)
+                )
+            )
+
+    def last_line(self, batch_id: str) -> int | None:
+        """The number of the batch's last line; None if it has none (it was refused)."""
+        with self._transaction() as session:
+            return session.scalar(select(func.max(JobRow.line)).where(JobRow.batch_id == batch_id))
+
+    def results(
+        self,
+        batch_id: str,
+        *,
+        errors: bool | None,
+        after: int = 0,
+        before: int | None = None,
+    ) -> Iterator[ResultRow]:
+        """A batch's succeeded lines (with `errors`, the failed and cancelled ones; with
+        None, every line that has ended) numbered after `after` and before `before`, in
+        line order, read through a server-side cursor a thousand rows at a time."""
+        if errors is None:
+            wanted = [status.value for status in TERMINAL_STATUSES]
+        elif errors:
+            wanted = [JobStatus.FAILED.value, JobStatus.CANCELLED.value]
+        else:
+            wanted = [JobStatus.SUCCEEDED.value]
+        query = (
+            select(*RESULT_COLUMNS)
+            .where(JobRow.batch_id == batch_id, JobRow.status.in_(wanted), JobRow.line > after)
+            .order_by(JobRow.line)
+            .execution_options(yield_per=INSERT_EVERY)
+        )
+        if before is not None:
+            query = query.where(JobRow.line < before)
+        with self._reading() as session:
+            for row in session.execute(query):
+                yield result_row(row)
+
+
+def _scoped(
+    session: Session, batch_id: str, scope: str | None, now: datetime, *, for_update: bool = False
+) -> BatchRow:
+    """The batch, unless its output has expired (retention deletes it soon)."""
+    row = scoped_row(session, BatchRow, batch_id, scope, noun="batch", for_update=for_update)
+    if row.output_expires_at is not None and as_utc(row.output_expires_at) <= now:
+        raise NotFound(f"no batch with id {batch_id!r}")
+    return row
+
+
+class _LinesRefused(Exception):
+    """Some line was refused: roll the batch's jobs back."""
+
+
+def _batch_row(session: Session, new: NewBatch, batch_id: str, now: datetime) -> dict[str, Any]:
+    endpoint_id = None
+    if new.webhook is not None:
+        endpoint_id = ensure_endpoint(session, tenant=new.tenant, url=new.webhook.url, now=now)
+    return new_batch_row(new, batch_id=batch_id, now=now, webhook_endpoint_id=endpoint_id)
+
+
+def _line_row(
+    item: LineSpec, batch_id: str, new: NewBatch, now: datetime, requeue_after_s: int
+) -> dict[str, Any]:
+    place = BatchPlace(batch_id, item.line, item.custom_id, new.priority)
+    return new_job_row(
+        item.spec,
+        tenant=new.tenant,
+        queue=bulk_queue(item.spec.served_by),
+        now=now,
+        requeue_after_s=requeue_after_s,
+        place=place,
+    )
+
+
+def _flush(session: Session, rows: list[dict[str, Any]], *, at: int) -> list[dict[str, Any]]:
+    """Insert the buffered job rows once there are `at` of them; return what stays."""
+    if not rows or len(rows) < at:
+        return rows
+    insert_rows(session, JobRow, rows)
+    return []
+
+
+def _remember(session: Session, new: NewBatch, batch: Batch, respond: Respond | None) -> None:
+    if new.idempotency is not None:
+        assert respond is not None, "an idempotent batch needs `respond`"
+        record_response(session, new.idempotency, status_code=200, body=respond(batch))
+
+
+def _result_file(
+    session: Session, row: BatchRow, kind: str, size: FileSize, now: datetime
+) -> str | None:
+    if not size.lines:
+        return None
+    return add_output_file(
+        session,
+        tenant=row.tenant,
+        batch_id=row.id,
+        filename=f"{row.id}_{kind}.jsonl",
+        size=size,
+        now=now,
+        expires_at=row.output_expires_at,
+    )

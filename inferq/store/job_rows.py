@@ -1,0 +1,185 @@
+"""Job rows and the domain, both ways: the row of a new job (single job or batch line), the
+job read back from its row, and the values that end a job."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from inferq.constants import JOB_ID_PREFIX
+from inferq.domain.jobs import (
+    Choice,
+    ClaimedJob,
+    Job,
+    JobError,
+    JobOutcome,
+    JobResult,
+    JobSpec,
+    JobStatus,
+    SamplingParams,
+    pack_token_ids,
+    unpack_token_ids,
+)
+from inferq.ids import new_id
+from inferq.store.base import as_utc
+from inferq.store.models import JobRow
+
+
+@dataclass(frozen=True)
+class BatchPlace:
+    """Where a batch line's job belongs: its batch, line and `custom_id`, and the batch's
+    priority, which every line runs at."""
+
+    batch_id: str
+    line: int
+    custom_id: str
+    priority: int
+
+
+def new_job_row(
+    spec: JobSpec,
+    *,
+    tenant: str,
+    queue: str,
+    now: datetime,
+    requeue_after_s: int,
+    place: BatchPlace | None = None,
+) -> dict[str, Any]:
+    """The row of a new queued job: a single job, or a batch line (`place`)."""
+    row = {
+        "id": new_id(JOB_ID_PREFIX),
+        "tenant": tenant,
+        "status": JobStatus.QUEUED.value,
+        "queue": queue,
+        "model": spec.model,
+        "prompt": spec.prompt,
+        "messages": spec.messages,
+        "prompt_token_ids": pack_token_ids(spec.prompt_token_ids),
+        "prompt_tokens": len(spec.prompt_token_ids),
+        "sampling": spec.sampling.to_dict(),
+        "metadata_": spec.metadata,
+        "created_at": now,
+        # A queued job whose message is lost is published again after this.
+        "lease_expires_at": now + timedelta(seconds=requeue_after_s),
+        "published_at": now,
+        "attempts": 0,
+        "priority": spec.priority,
+        "stream": spec.stream,
+    }
+    if place is not None:
+        # A line's metadata is its batch's, kept on the batch.
+        row.update(
+            metadata_={},
+            batch_id=place.batch_id,
+            line=place.line,
+            custom_id=place.custom_id,
+            priority=place.priority,
+        )
+    return row
+
+
+def new_job(row: dict[str, Any], spec: JobSpec) -> Job:
+    """The job just written as `row` (from `new_job_row(spec, ...)`)."""
+    return Job(
+        id=row["id"],
+        tenant=row["tenant"],
+        status=JobStatus.QUEUED,
+        model=spec.model,
+        prompt=spec.prompt,
+        messages=spec.messages,
+        sampling=spec.sampling,
+        metadata=spec.metadata,
+        prompt_tokens=len(spec.prompt_token_ids),
+        created_at=row["created_at"],
+        priority=spec.priority,
+        stream=spec.stream,
+    )
+
+
+def job_from_row(row: JobRow) -> Job:
+    result = None
+    if row.choices is not None:
+        result = JobResult(
+            choices=tuple(Choice.from_dict(c) for c in row.choices),
+            prompt_tokens=row.prompt_tokens,
+            embedding=row.embedding,
+        )
+    return Job(
+        id=row.id,
+        tenant=row.tenant,
+        status=JobStatus(row.status),
+        model=row.model,
+        prompt=row.prompt,
+        messages=row.messages,
+        sampling=SamplingParams.from_dict(row.sampling),
+        metadata=row.metadata_,
+        prompt_tokens=row.prompt_tokens,
+        created_at=as_utc(row.created_at),
+        attempts=row.attempts,
+        started_at=as_utc(row.started_at),
+        finished_at=as_utc(row.finished_at),
+        result=result,
+        error=None if row.error is None else JobError(**row.error),
+        batch_id=row.batch_id,
+        custom_id=row.custom_id,
+        priority=row.priority,
+        stream=row.stream,
+    )
+
+
+# The columns a worker needs of a job it claims (`claimed_job`).
+CLAIMED_COLUMNS = (
+    JobRow.id,
+    JobRow.model,
+    JobRow.prompt_token_ids,
+    JobRow.sampling,
+    JobRow.created_at,
+    JobRow.batch_id,
+    JobRow.priority,
+    JobRow.stream,
+)
+
+
+def claimed_job(row: Any, now: datetime) -> ClaimedJob:
+    """A claimed job from its `CLAIMED_COLUMNS`."""
+    return ClaimedJob(
+        id=row.id,
+        model=row.model,
+        prompt_token_ids=unpack_token_ids(row.prompt_token_ids),
+        sampling=SamplingParams.from_dict(row.sampling),
+        created_at=as_utc(row.created_at) or now,
+        batch_id=row.batch_id,
+        priority=row.priority,
+        stream=row.stream,
+    )
+
+
+def outcome_values(outcome: JobOutcome, now: datetime) -> dict[str, Any]:
+    """The values that end a job as `outcome` says (keyed by attribute, with its id)."""
+    values: dict[str, Any] = {
+        "id": outcome.job_id,
+        "status": outcome.status.value,
+        "finished_at": now,
+        "lease_expires_at": None,
+    }
+    if outcome.started_at is not None:
+        values["started_at"] = outcome.started_at
+    if outcome.result is not None:
+        values["choices"] = [_storable_choice(c.to_dict()) for c in outcome.result.choices]
+        values["completion_tokens"] = outcome.result.completion_tokens
+        if outcome.result.embedding is not None:
+            values["embedding"] = outcome.result.embedding
+    if outcome.error is not None:
+        values["error"] = outcome.error.to_dict()
+    return values
+
+
+def _storable_choice(choice: dict[str, Any]) -> dict[str, Any]:
+    """Postgres text cannot hold NUL, which a model may well generate: it becomes U+FFFD."""
+    choice["text"] = choice["text"].replace("\x00", "\ufffd")
+    for entry in choice["logprobs"] or ():
+        entry["token"] = entry["token"].replace("\x00", "\ufffd")
+        for alternative in entry["top_logprobs"]:
+            alternative["token"] = alternative["token"].replace("\x00", "\ufffd")
+    return choice

@@ -1,0 +1,67 @@
+"""Output and error files of a batch, line by line, in OpenAI's Batch output format."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from inferq.domain.batches import CHAT_ENDPOINT, EMBEDDINGS_ENDPOINT, ResultRow
+from inferq.wire.embeddings import embedding_body
+from inferq.wire.openai_format import completion_body
+
+
+def output_line(row: ResultRow, *, endpoint: str) -> dict[str, Any]:
+    """A succeeded line: the chat.completion, text_completion or list of embeddings a
+    client would get."""
+    if endpoint == EMBEDDINGS_ENDPOINT:
+        body = embedding_body(
+            model=row.model,
+            embedding=row.embedding or b"",
+            pooling=row.pooling or {},
+            prompt_tokens=row.prompt_tokens,
+        )
+    else:
+        body = completion_body(
+            job_id=row.job_id,
+            chat=endpoint == CHAT_ENDPOINT,
+            created=int(row.finished_at.timestamp()) if row.finished_at else 0,
+            model=row.model,
+            choices=row.choices or [],
+            prompt_tokens=row.prompt_tokens,
+            completion_tokens=row.completion_tokens or 0,
+        )
+    suffix = row.job_id.removeprefix("job_")
+    return {
+        "id": f"batch_req_{suffix}",
+        "custom_id": row.custom_id,
+        "response": {"status_code": 200, "request_id": row.job_id, "body": body},
+        "error": None,
+    }
+
+
+def error_line(row: ResultRow) -> dict[str, Any]:
+    """A line that failed, or never ran (the batch was cancelled or expired)."""
+    error = row.error or {"code": "cancelled", "message": "the line was cancelled"}
+    return {
+        "id": f"batch_req_{row.job_id.removeprefix('job_')}",
+        "custom_id": row.custom_id,
+        "response": None,
+        "error": {"code": error["code"], "message": error["message"]},
+    }
+
+
+def render(rows: Iterable[ResultRow], *, errors: bool, endpoint: str) -> Iterator[bytes]:
+    """JSON lines, one per row, ready to stream."""
+    for row in rows:
+        line = error_line(row) if errors else output_line(row, endpoint=endpoint)
+        yield _one_line(json.dumps(line, ensure_ascii=False)).encode() + b"\n"
+
+
+# Characters JSON leaves raw that many readers take for line ends (Python's
+# str.splitlines, JavaScript before ES2019): escaped, so one result is one line.
+_LINE_BREAKERS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def _one_line(text: str) -> str:
+    return text.translate(_LINE_BREAKERS)

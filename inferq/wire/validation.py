@@ -1,0 +1,353 @@
+"""Validating generation requests: field ranges (pydantic) and prompt length (tokenizer).
+
+Shared by the API's `/v1/jobs` and, through the same validator, by batch-file lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import (
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+)
+
+from inferq.domain.jobs import MAX_PRIORITY, JobSpec, SamplingParams
+from inferq.exceptions import InvalidRequest
+from inferq.settings import Settings
+from inferq.wire.messages import ChatMessage
+from inferq.wire.prompts import PromptRenderer
+from inferq.wire.structured import OutputFields, OutputPlan, plan
+
+MAX_STOP_SEQUENCES = 16
+MAX_LOGPROBS = 20
+# OpenAI's metadata limits, so metadata that works there works here.
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+
+Metadata = Annotated[
+    dict[
+        Annotated[str, StringConstraints(max_length=MAX_METADATA_KEY_CHARS)],
+        Annotated[str, StringConstraints(max_length=MAX_METADATA_VALUE_CHARS)],
+    ],
+    Field(
+        max_length=MAX_METADATA_PAIRS,
+        description=f"Up to {MAX_METADATA_PAIRS} string pairs (keys up to "
+        f"{MAX_METADATA_KEY_CHARS} characters, values up to {MAX_METADATA_VALUE_CHARS}).",
+    ),
+]
+
+
+Priority = Annotated[
+    int,
+    Field(
+        ge=0,
+        le=MAX_PRIORITY,
+        description=f"0 (the default) to {MAX_PRIORITY}: lower runs first, as in vLLM. It "
+        "orders your work behind others' at the default; single jobs always go before "
+        "batch lines, which a single job's priority cannot change.",
+    ),
+]
+
+
+def check_storable(text: str, param: str) -> None:
+    """Postgres text holds neither NUL nor unpaired surrogates; say so instead of failing."""
+    if "\x00" in text:
+        raise InvalidRequest(f"{param} contains a NUL character (\\u0000): remove it", param=param)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(
+            f"{param} contains an unpaired UTF-16 surrogate at position {exc.start}: "
+            "send valid Unicode",
+            param=param,
+        ) from exc
+
+
+class SamplingBase(OutputFields):
+    """The sampling parameters every request shape shares, with their allowed ranges, and
+    what the output must look like (`inferq.wire.structured`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_tokens: int | None = Field(
+        None, ge=1, description="Most tokens to generate; the model's context caps it."
+    )
+    temperature: float = Field(1.0, ge=0, le=2, description="0 is greedy.")
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(
+        0,
+        ge=-1,
+        le=2**31 - 1,
+        description="0 or -1 considers every token (as does any number above the vocabulary).",
+    )
+    min_p: float = Field(0.0, ge=0, le=1)
+    stop: str | list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None, description=f"Up to {MAX_STOP_SEQUENCES} strings that end generation."
+    )
+    seed: int | None = Field(
+        None, ge=0, le=2**63 - 1, description="Same seed, same parameters: same text."
+    )
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(1.0, gt=0, le=2)
+    n: int = Field(1, ge=1, description="Completions to generate for the prompt.")
+    ignore_eos: bool = Field(False, description="Keep generating past end-of-sequence.")
+
+    @field_validator("stop")
+    @classmethod
+    def _few_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed")
+        if isinstance(value, str) and not value:
+            raise ValueError("a stop sequence must not be empty")
+        return value
+
+    def stop_sequences(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+
+class SamplingFields(SamplingBase):
+    """The sampling parameters of a job (OpenAI's completions shape for `logprobs`)."""
+
+    logprobs: int | None = Field(
+        None, ge=0, le=MAX_LOGPROBS, description="Alternatives to return per token, with logprobs."
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreparedRequest:
+    """A request past every check but the context: its text waits to be tokenized."""
+
+    prompt: str | None
+    messages: list[dict[str, Any]] | None
+    text: str
+    add_special_tokens: bool
+    sampling: SamplingFields
+    metadata: dict[str, Any]
+    output: OutputPlan
+
+
+class JobValidator:
+    """Checks what pydantic cannot: the model name, `n`, and the prompt against the context."""
+
+    def __init__(
+        self,
+        renderer: PromptRenderer,
+        *,
+        model_name: str,
+        base: str | None = None,
+        default_max_tokens: int,
+        max_n: int,
+        max_tokens_cap: int,
+        tool_call_parser: str | None = None,
+    ) -> None:
+        self._renderer = renderer
+        self.model_name = model_name
+        self._base = base
+        self._default_max_tokens = min(default_max_tokens, max_tokens_cap)
+        self._max_n = max_n
+        self._max_tokens_cap = max_tokens_cap
+        self._tool_call_parser = tool_call_parser
+
+    @classmethod
+    def from_settings(cls, renderer: PromptRenderer, settings: Settings) -> JobValidator:
+        return cls(
+            renderer,
+            model_name=settings.model_name,
+            default_max_tokens=settings.default_max_tokens,
+            max_n=settings.max_n,
+            max_tokens_cap=settings.max_tokens_cap,
+            tool_call_parser=settings.tool_call_parser,
+        )
+
+    def spec(
+        self,
+        *,
+        model: str | None,
+        prompt: str | None,
+        messages: list[ChatMessage] | None,
+        sampling: SamplingFields,
+        metadata: dict[str, Any],
+    ) -> JobSpec:
+        """A `JobSpec`, or `InvalidRequest` naming the field and the limit it broke."""
+        prepared = self.prepare(
+            model=model, prompt=prompt, messages=messages, sampling=sampling, metadata=metadata
+        )
+        [token_ids] = self._renderer.encode_many(
+            [prepared.text], add_special_tokens=prepared.add_special_tokens
+        )
+        return self.finish(prepared, token_ids)
+
+    def prepare(
+        self,
+        *,
+        model: str | None,
+        prompt: str | None,
+        messages: list[ChatMessage] | None,
+        sampling: SamplingFields,
+        metadata: dict[str, Any],
+    ) -> PreparedRequest:
+        """Every check but the context length, which needs the token count."""
+        if model is not None and model != self.model_name:
+            raise InvalidRequest(
+                f"model {model!r} is not served here; this deployment serves {self.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
+        if sampling.n > self._max_n:
+            raise InvalidRequest(f"n is {sampling.n}, over the limit of {self._max_n}", param="n")
+        if (prompt is None) == (messages is None):
+            raise InvalidRequest("give exactly one of `prompt` and `messages`", param="prompt")
+        if sampling.max_tokens is not None and sampling.max_tokens > self._max_tokens_cap:
+            raise InvalidRequest(
+                f"max_tokens is {sampling.max_tokens}, over the limit of {self._max_tokens_cap}",
+                param="max_tokens",
+            )
+        _check_texts(prompt, messages, metadata, sampling)
+        output = plan(sampling, chat=messages is not None)
+        if output.structured is not None:  # stored with the job's sampling parameters
+            _check_stored_json(output.structured, _shaped_by(sampling))
+        if output.tool_choice == {"type": "auto"} and self._tool_call_parser is None:
+            raise InvalidRequest(
+                "tool_choice auto needs a tool-call parser for this model: set "
+                "INFERQ_TOOL_CALL_PARSER, or force a call with tool_choice required",
+                param="tool_choice",
+            )
+        if messages is not None:
+            if not messages:
+                raise InvalidRequest("`messages` must not be empty", param="messages")
+            template_messages = [m.to_template_dict() for m in messages]
+            return PreparedRequest(
+                prompt=None,
+                messages=template_messages,
+                text=self._renderer.chat_text(template_messages, tools=output.tools),
+                add_special_tokens=False,
+                sampling=sampling,
+                metadata=metadata,
+                output=output,
+            )
+        assert prompt is not None
+        return PreparedRequest(
+            prompt=prompt,
+            messages=None,
+            text=prompt,
+            add_special_tokens=True,
+            sampling=sampling,
+            metadata=metadata,
+            output=output,
+        )
+
+    def finish(self, prepared: PreparedRequest, token_ids: list[int]) -> JobSpec:
+        """The `JobSpec`, once the prompt is tokenized and fits the context."""
+        sampling = prepared.sampling
+        prompt_param = "messages" if prepared.messages is not None else "prompt"
+        max_tokens = self._max_tokens(len(token_ids), sampling.max_tokens, prompt_param)
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            min_p=sampling.min_p,
+            stop=sampling.stop_sequences(),
+            seed=sampling.seed,
+            presence_penalty=sampling.presence_penalty,
+            frequency_penalty=sampling.frequency_penalty,
+            repetition_penalty=sampling.repetition_penalty,
+            n=sampling.n,
+            logprobs=sampling.logprobs,
+            ignore_eos=sampling.ignore_eos,
+            structured=prepared.output.structured,
+            tool_choice=prepared.output.tool_choice,
+        )
+        return JobSpec(
+            model=self.model_name,
+            base=self._base,
+            prompt=prepared.prompt,
+            messages=prepared.messages,
+            prompt_token_ids=token_ids,
+            sampling=params,
+            metadata=prepared.metadata,
+        )
+
+    def encode(self, prepared: Sequence[PreparedRequest]) -> list[list[int]]:
+        """Token ids of many prepared requests, raw prompts and chats each in one call."""
+        ids: list[list[int]] = [[] for _ in prepared]
+        for special in (True, False):
+            picked = [i for i, p in enumerate(prepared) if p.add_special_tokens is special]
+            encoded = self._renderer.encode_many(
+                [prepared[i].text for i in picked], add_special_tokens=special
+            )
+            for i, token_ids in zip(picked, encoded, strict=True):
+                ids[i] = token_ids
+        return ids
+
+    def _max_tokens(self, prompt_tokens: int, asked: int | None, prompt_param: str) -> int:
+        context = self._renderer.context_len
+        room = context - prompt_tokens
+        if room < 1:
+            raise InvalidRequest(
+                f"the prompt is {prompt_tokens} tokens, which leaves no room to generate in "
+                f"the model's context of {context} tokens: shorten it",
+                param=prompt_param,
+                code="context_length_exceeded",
+            )
+        if asked is None:
+            return min(self._default_max_tokens, room)
+        if asked > room:
+            raise InvalidRequest(
+                f"the prompt is {prompt_tokens} tokens and max_tokens is {asked}: together "
+                f"{prompt_tokens + asked}, over the model's context of {context} tokens; "
+                f"lower max_tokens to at most {room} or shorten the prompt",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        return asked
+
+
+def _check_stored_json(value: Any, param: str) -> None:
+    """`check_storable` for every string in a JSON value (keys too)."""
+    if isinstance(value, str):
+        check_storable(value, param)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_storable(str(key), param)
+            _check_stored_json(item, param)
+    elif isinstance(value, list):
+        for item in value:
+            _check_stored_json(item, param)
+
+
+def _shaped_by(sampling: SamplingFields) -> str:
+    """The field that set a request's structured output."""
+    if sampling.structured_outputs is not None:
+        return "structured_outputs"
+    return "response_format" if sampling.response_format is not None else "tools"
+
+
+def _check_texts(
+    prompt: str | None,
+    messages: list[ChatMessage] | None,
+    metadata: dict[str, Any],
+    sampling: SamplingFields,
+) -> None:
+    if prompt is not None:
+        check_storable(prompt, "prompt")
+    for i, message in enumerate(messages or ()):
+        check_storable(message.text(), f"messages.{i}.content")
+        if message.name is not None:
+            check_storable(message.name, f"messages.{i}.name")
+        if message.tool_calls is not None or message.tool_call_id is not None:
+            stored = message.model_dump(include={"tool_calls", "tool_call_id"})
+            _check_stored_json(stored, f"messages.{i}")
+    for key, value in metadata.items():
+        check_storable(f"{key}{value}", "metadata")
+    for stop in sampling.stop_sequences():
+        check_storable(stop, "stop")

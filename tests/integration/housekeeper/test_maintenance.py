@@ -1,0 +1,155 @@
+"""Maintenance on real Redis and Postgres, without workers: what it publishes again, and
+what it leaves alone."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from redis import Redis
+
+from housekeeper.maintenance import Maintenance, _job_ids
+from inferq.broker.celery_app import JobPublisher, make_celery
+from inferq.domain.jobs import JobSpec, JobStatus, SamplingParams
+from inferq.domain.queue_names import bulk_queue, interactive_queue
+from inferq.exceptions import BrokerUnavailable
+from inferq.settings import Settings
+from inferq.store.engine import make_engine, make_sessions
+from inferq.store.jobs import JobStore
+from tests.conftest import REDIS_URL
+from tests.helpers.processes import free_port
+
+INTERACTIVE_QUEUE = interactive_queue("m")
+BULK_QUEUE = bulk_queue("m")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime.now(UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+class Harness:
+    def __init__(self, database_url: str, key_prefix: str) -> None:
+        self.clock = Clock()
+        self.engine = make_engine(database_url, pool_size=2)
+        self.store = JobStore(make_sessions(self.engine), clock=self.clock)
+        self.redis = Redis.from_url(REDIS_URL)
+        self.prefix = key_prefix
+        app = make_celery(Settings(redis_url=REDIS_URL, redis_key_prefix=key_prefix))
+        self.publisher = JobPublisher(app, bulk_chunk_size=2)
+        self.maintenance = Maintenance(
+            store=self.store,
+            publisher=self.publisher,
+            redis=self.redis,
+            key_prefix=key_prefix,
+            requeue_after_s=3600,
+            stranded_after_s=30,
+            served_models=lambda: ["m"],
+            clock=self.clock,
+        )
+
+    def create(self, count: int, queue: str = INTERACTIVE_QUEUE) -> list[str]:
+        spec = JobSpec(
+            model="m",
+            prompt="p",
+            messages=None,
+            prompt_token_ids=[1],
+            sampling=SamplingParams(max_tokens=1),
+        )
+        jobs = self.store.create_jobs([spec] * count, tenant="t", queue=queue, requeue_after_s=3600)
+        return [j.id for j in jobs]
+
+    def queued_messages(self, queue: str = INTERACTIVE_QUEUE) -> list[list[str]]:
+        """Job ids of each message waiting in `queue`, oldest first."""
+        raw = self.redis.lrange(self.prefix + queue, 0, -1)
+        return [_job_ids(message) for message in reversed(raw)]
+
+
+@pytest.fixture
+def harness(database_url: str, key_prefix: str) -> Iterator[Harness]:
+    made = Harness(database_url, key_prefix)
+    made.maintenance.run_once()  # the first pass ever sets the epoch
+    made.redis.delete(key_prefix + INTERACTIVE_QUEUE, key_prefix + BULK_QUEUE)
+    yield made
+    made.engine.dispose()
+
+
+def test_a_lapsed_lease_returns_the_job_to_the_queue(harness: Harness) -> None:
+    [held, fresh] = harness.create(2)
+    harness.store.claim_jobs([held, fresh], worker="dead", lease_s=10)
+    harness.store.renew_leases([fresh], worker="dead", lease_s=100)
+    harness.clock.now += timedelta(seconds=11)
+    report = harness.maintenance.run_once()
+    assert report.republished == 1
+    assert harness.queued_messages() == [[held]]
+    assert harness.store.get_job(held).status is JobStatus.QUEUED
+    assert harness.store.get_job(fresh).status is JobStatus.RUNNING
+
+
+def test_a_delivered_but_unclaimed_job_is_published_again_after_a_lease(
+    harness: Harness,
+) -> None:
+    [lost] = harness.create(1)  # its message was taken by a worker that then died
+    harness.clock.now += timedelta(seconds=10)
+    assert harness.maintenance.run_once().republished == 0  # too soon to tell
+    harness.clock.now += timedelta(seconds=30)
+    assert harness.maintenance.run_once().republished == 1
+    assert harness.queued_messages() == [[lost]]
+    # Its message now waits in the list, so the next pass leaves it alone.
+    harness.clock.now += timedelta(seconds=60)
+    assert harness.maintenance.run_once().republished == 0
+
+
+def test_jobs_behind_a_waiting_message_are_not_stranded(harness: Harness) -> None:
+    first, second = harness.create(2)
+    harness.publisher.publish_interactive([first, second], queue=INTERACTIVE_QUEUE)
+    harness.clock.now += timedelta(hours=1) - timedelta(seconds=1)
+    assert harness.maintenance.run_once().republished == 0
+    # Jobs submitted together travel in one message.
+    assert harness.queued_messages() == [[first, second]]
+
+
+def test_after_redis_loses_everything_every_queued_job_is_published_again(
+    harness: Harness,
+) -> None:
+    interactive = harness.create(3)
+    bulk = harness.create(5, queue=BULK_QUEUE)
+    running = harness.create(1)
+    harness.store.claim_jobs(running, worker="alive", lease_s=600)
+    harness.redis.delete(*harness.redis.keys(harness.prefix + "*"))  # what FLUSHALL does to us
+    report = harness.maintenance.run_once()
+    assert report.redis_lost
+    assert report.republished == 8
+    assert sorted(j for m in harness.queued_messages() for j in m) == sorted(interactive)
+    assert [len(m) for m in harness.queued_messages(BULK_QUEUE)] == [2, 2, 1]
+    assert sorted(j for m in harness.queued_messages(BULK_QUEUE) for j in m) == sorted(bulk)
+
+
+def test_one_pass_at_a_time(harness: Harness) -> None:
+    harness.redis.set(harness.prefix + "maintenance:lock", "someone-else", ex=60)
+    assert harness.maintenance.run_once().skipped
+
+
+@pytest.mark.parametrize("publish", ["bulk", "interactive"])
+def test_publishing_to_a_redis_that_is_down_says_so(publish: str) -> None:
+    # Callers keep the jobs in Postgres for maintenance on BrokerUnavailable, and only on it.
+    app = make_celery(Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0"))
+    publisher = JobPublisher(app, bulk_chunk_size=2)
+    with pytest.raises(BrokerUnavailable, match="could not publish to Redis"):
+        getattr(publisher, f"publish_{publish}")(["job_a", "job_b", "job_c"], queue="q:m")
+
+
+def test_a_job_stored_while_redis_was_down_is_published_at_the_next_pass(
+    harness: Harness,
+) -> None:
+    [job] = harness.create(1)
+    harness.publisher.publish_interactive(
+        [], queue=INTERACTIVE_QUEUE
+    )  # nothing reached Redis for it
+    harness.store.mark_unpublished([job])
+    assert harness.maintenance.run_once().republished == 1
+    assert harness.queued_messages() == [[job]]

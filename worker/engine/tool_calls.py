@@ -1,0 +1,80 @@
+"""Reading tool calls out of a finished chat output, by the request's `tool_choice`.
+
+A forced call (`required`, or a named function) was generated under a JSON schema, so it
+is read as JSON here; `auto` leaves the model free, and the model family's own format is
+read by vLLM's tool-call parser, which the worker passes in as `parse_auto`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import secrets
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from inferq.domain.jobs import Choice, JobResult, ToolCall
+
+TOOL_CALLS = "tool_calls"  # the finish reason of a choice that made calls
+
+# From an `auto` output: the text besides the calls, and the calls as (name, arguments).
+AutoParser = Callable[[str], tuple[str, list[tuple[str, str]]]]
+
+
+def call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+def with_tool_calls(
+    result: JobResult, tool_choice: Mapping[str, Any] | None, parse_auto: AutoParser | None
+) -> JobResult:
+    """`result` with each choice's tool calls read out (unchanged without a tool choice)."""
+    if tool_choice is None:
+        return result
+    choices = tuple(_read(c, tool_choice, parse_auto) for c in result.choices)
+    return dataclasses.replace(result, choices=choices)
+
+
+def _read(choice: Choice, tool_choice: Mapping[str, Any], parse_auto: AutoParser | None) -> Choice:
+    kind = tool_choice["type"]
+    if kind == "function":
+        # The output is the arguments, generated under the function's schema.
+        calls = [(tool_choice["name"], choice.text)] if _is_json(choice.text) else []
+        content = ""
+    elif kind == "required":
+        calls = _array_calls(choice.text)
+        content = ""
+    elif parse_auto is None:  # this worker has no parser (INFERQ_TOOL_CALL_PARSER unset)
+        return choice
+    else:
+        content, calls = parse_auto(choice.text)
+    if not calls:  # cut short (max_tokens) or no call made: the output stays text
+        return choice
+    return dataclasses.replace(
+        choice,
+        text=content,
+        finish_reason=TOOL_CALLS if choice.finish_reason == "stop" else choice.finish_reason,
+        tool_calls=tuple(ToolCall(id=call_id(), name=n, arguments=a) for n, a in calls),
+    )
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _array_calls(text: str) -> list[tuple[str, str]]:
+    try:
+        calls = json.loads(text)
+    except ValueError:
+        return []
+    if not isinstance(calls, list):
+        return []
+    return [
+        (c["name"], json.dumps(c["parameters"], ensure_ascii=False))
+        for c in calls
+        if isinstance(c, dict) and isinstance(c.get("name"), str) and "parameters" in c
+    ]

@@ -1,0 +1,184 @@
+"""What the vLLM adapters share (`generate.py` generates, `pooling.py` embeds): the engine
+arguments, loading the model with a one-line reason when it fails,
+and `SteppedVllm`, the engine inside vLLM's offline `LLM` driven one step at a time
+(`add_request`, `step`), which is what lets the loop admit new work whenever a sequence
+finishes.
+
+vLLM's synchronous client notices a dead engine core but leaves a pending `step()`
+waiting forever (its output thread shuts down without waking the reader; seen with
+vllm 0.32), and nothing notices a core that hangs. A watchdog thread covers both: it
+wakes the reader with `EngineDeadError`, killing the core first if a step overran.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from vllm import LLM
+from vllm.v1.engine.exceptions import EngineDeadError
+
+from inferq.exceptions import EngineError, EngineStartFailed
+from inferq.settings import Settings
+from worker.engine.output import HeldOutput, start_failure
+
+log = logging.getLogger(__name__)
+
+
+def engine_args(settings: Settings) -> dict[str, Any]:
+    """The keyword arguments for `vllm.LLM`, from settings."""
+    args: dict[str, Any] = {
+        "model": settings.model,
+        "tokenizer": settings.tokenizer_name,
+        "served_model_name": settings.model_name,
+        "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "max_num_seqs": settings.engine_max_num_seqs,
+        # Single jobs go ahead of batch lines inside the engine (EngineRequest.priority),
+        # preempting them when the KV cache runs short.
+        "scheduling_policy": "priority",
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        "dtype": settings.dtype,
+        "enable_prefix_caching": settings.enable_prefix_caching,
+        "enforce_eager": settings.enforce_eager,
+        "seed": settings.engine_seed,
+        # Engine stats feed the KV-cache metric and a throughput line in the log.
+        "disable_log_stats": False,
+    }
+    optional = {
+        "max_model_len": settings.max_model_len,
+        "max_num_batched_tokens": settings.max_num_batched_tokens,
+        "kv_cache_memory_bytes": (
+            None if settings.kv_cache_memory_bytes is None else int(settings.kv_cache_memory_bytes)
+        ),
+        "quantization": settings.quantization,
+    }
+    args.update({k: v for k, v in optional.items() if v is not None})
+    if settings.lora_adapters:
+        args.update(
+            enable_lora=True,
+            max_loras=settings.max_loras,
+            max_lora_rank=settings.max_lora_rank,
+            # Host memory keeps every adapter, not only the max_loras of one step: none
+            # is read from disk again when it comes back into use.
+            max_cpu_loras=max(settings.max_loras, len(settings.lora_adapters)),
+        )
+    args.update(settings.engine_extra_args)
+    return args
+
+
+def missing_local_adapter(adapters: Mapping[str, str]) -> str | None:
+    """Why an adapter given as a local path cannot be loaded (a Hugging Face id is vLLM's
+    to find)."""
+    for name, path in adapters.items():
+        if path.startswith(("/", ".", "~")) and not Path(path).expanduser().exists():
+            return f"INFERQ_LORA_ADAPTERS: adapter {name!r} is at {path}, which does not exist"
+    return None
+
+
+WATCH_INTERVAL_S = 0.5
+
+
+def start_llm(args: dict[str, Any], *, model: str) -> LLM:
+    """Load `model` into vLLM's `LLM`; `EngineStartFailed` with vLLM's reason in one line if
+    it fails (its whole output goes to the debug log)."""
+    log.info("loading %s into vLLM", model, extra={"engine_args": args})
+    failure: Exception | None = None
+    with HeldOutput() as output:
+        try:
+            llm = LLM(**args)
+        except Exception as exc:  # noqa: BLE001  # any failure: said in one line below
+            failure = exc
+    if failure is not None:
+        held = output.text()
+        log.debug("vLLM's output while starting:\n%s", held, exc_info=failure)
+        raise EngineStartFailed(
+            f"vLLM could not start {model}: {start_failure(failure, held)} "
+            "(`inferq doctor` checks this host; INFERQ_LOG_LEVEL=DEBUG shows vLLM's output)"
+        ) from failure
+    output.release()
+    return llm
+
+
+class SteppedVllm:
+    """The engine inside vLLM's `LLM`, stepped from one thread under the watchdog: what the
+    generate and the pooling (worker.engine.vllm.pooling) adapters share."""
+
+    def __init__(self, llm: LLM, *, step_timeout_s: float) -> None:
+        self._llm = llm
+        self._engine = llm.llm_engine
+        self._step_timeout_s = step_timeout_s
+        self._step_started: float | None = None
+        self._closed = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, name="engine-watchdog", daemon=True)
+        self._watchdog.start()
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self._engine.model_config.max_model_len)
+
+    def _step_outputs(self) -> list[Any]:
+        """Run one engine step; `EngineError` if the engine died."""
+        self._step_started = time.monotonic()
+        try:
+            return list(self._engine.step())
+        except EngineDeadError as exc:
+            raise EngineError(f"vLLM's engine died: {exc}") from exc
+        finally:
+            self._step_started = None
+
+    def _abort_requests(self, request_ids: list[str]) -> None:
+        try:
+            self._engine.abort_request(request_ids)
+        except EngineDeadError as exc:
+            raise EngineError(str(exc)) from exc
+
+    def kv_cache_usage(self) -> float | None:
+        for metric in self._engine.get_metrics():
+            if metric.name == "vllm:kv_cache_usage_perc":
+                return float(metric.value)
+        return None
+
+    def close(self) -> None:
+        self._closed.set()
+        core = self._engine.engine_core
+        core.shutdown()
+        # vLLM leaves its ZeroMQ context (and its I/O threads) open: one more per engine
+        # restart. Its output thread closes its sockets on shutdown; then the context goes.
+        thread = getattr(core, "output_queue_thread", None)
+        if thread is not None:
+            thread.join(timeout=5)
+        ctx = getattr(getattr(core, "resources", None), "ctx", None)
+        if ctx is not None:
+            ctx.destroy(linger=0)
+
+    def _core_processes(self) -> list[Any]:
+        manager = getattr(self._engine.engine_core.resources, "engine_manager", None)
+        return list(getattr(manager, "processes", ()))
+
+    def _kill_core(self) -> None:
+        for process in self._core_processes():
+            if process.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGKILL)
+
+    def _watch(self) -> None:
+        core = self._engine.engine_core
+        if not hasattr(core, "resources"):  # in-process core: nothing to watch
+            return
+        while not self._closed.wait(WATCH_INTERVAL_S):
+            started = self._step_started
+            if started is not None and time.monotonic() - started > self._step_timeout_s:
+                log.error("an engine step has run %.0f s: the engine hangs", self._step_timeout_s)
+                self._kill_core()
+                core.resources.engine_dead = True
+            if core.resources.engine_dead:
+                # Wake a step() blocked on the output queue (and fail the next one).
+                core.outputs_queue.put_nowait(EngineDeadError())
+                return

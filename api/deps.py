@@ -1,82 +1,98 @@
-"""What routes depend on, as `Annotated` aliases."""
+"""What routes depend on, as narrow `Annotated` aliases: each route takes the one or two
+objects it uses (the operations on its resource, mostly), never the whole process."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from redis import Redis
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import Authenticator
 from api.grouping import Grouped
+from api.idempotency import Idempotency
 from api.ratelimit import RateLimiter
+from api.submission import Submission
 from api.token_follower import TokenFollower
 from api.waiter import JobWaiter
-from inferq.broker.celery_app import JobPublisher
-from inferq.broker.events import JobEvents
+from inferq.app import App
 from inferq.broker.queues import QueueMonitor
 from inferq.broker.worker_registry import WorkerRegistry
 from inferq.domain.api_keys import Principal
 from inferq.domain.jobs import Job
+from inferq.operations.batch_output import BatchOutput
 from inferq.operations.batches import BatchOperations
+from inferq.operations.files import FileOperations
 from inferq.operations.jobs import JobOperations
+from inferq.operations.webhooks import WebhookOperations
 from inferq.settings import Settings
-from inferq.store.api_keys import KeyStore
-from inferq.store.files import FileStore
-from inferq.store.idempotency import IdempotencyStore
-from inferq.store.jobs import JobStore, NewJob
-from inferq.store.webhooks import WebhookStore
 from inferq.wire.model_catalog import ModelCatalog
 
+T = TypeVar("T")
 
-@dataclass
-class Services:
-    """Everything long-lived the API uses, built once at start-up."""
+# A job read by id and scope, grouped with concurrent reads (api/grouping.py).
+Reads = Grouped[tuple[str, str | None], Job]
 
-    settings: Settings
-    store: JobStore
-    publisher: JobPublisher
-    # The models workers registered, each with its tokenizer and validator.
-    models: ModelCatalog
-    events: JobEvents
+
+@dataclass(frozen=True, kw_only=True)
+class ApiServices:
+    """The API process: its `App` and what only the API has, built once at start-up."""
+
+    app: App
     waiter: JobWaiter
     follower: TokenFollower
-    redis: Redis
-    keys: KeyStore
     authenticator: Authenticator
     rate_limiter: RateLimiter
-    queues: QueueMonitor
-    idempotency: IdempotencyStore
-    workers: WorkerRegistry
-    files: FileStore
-    webhooks: WebhookStore
-    batch_ops: BatchOperations
-    job_ops: JobOperations
-    # Concurrent submissions and reads, each group in one transaction (api/grouping.py).
-    submit: Grouped[NewJob, Job]
-    read: Grouped[tuple[str, str | None], Job]
+    submission: Submission
+    idempotency: Idempotency
+    # Concurrent reads, each group in one transaction (api/grouping.py).
+    read: Reads
 
 
-async def get_services(request: Request) -> Services:
-    # async: FastAPI runs a plain `def` dependency in a worker thread.
-    services: Services = request.app.state.services
+def _services(request: Request) -> ApiServices:
+    services: ApiServices = request.app.state.services
     return services
 
 
-ServicesDep = Annotated[Services, Depends(get_services)]
+def _taken(pick: Callable[[ApiServices], T]) -> Callable[[Request], Awaitable[T]]:
+    """A dependency handing a route `pick(services)`."""
+
+    # async: FastAPI runs a plain `def` dependency in a worker thread.
+    async def dependency(request: Request) -> T:
+        return pick(_services(request))
+
+    return dependency
+
+
+SettingsDep = Annotated[Settings, Depends(_taken(lambda s: s.app.settings))]
+JobOpsDep = Annotated[JobOperations, Depends(_taken(lambda s: s.app.job_operations))]
+BatchOpsDep = Annotated[BatchOperations, Depends(_taken(lambda s: s.app.batch_operations))]
+BatchOutputDep = Annotated[BatchOutput, Depends(_taken(lambda s: s.app.batch_output))]
+FileOpsDep = Annotated[FileOperations, Depends(_taken(lambda s: s.app.file_operations))]
+WebhookOpsDep = Annotated[WebhookOperations, Depends(_taken(lambda s: s.app.webhook_operations))]
+CatalogDep = Annotated[ModelCatalog, Depends(_taken(lambda s: s.app.catalog))]
+QueuesDep = Annotated[QueueMonitor, Depends(_taken(lambda s: s.app.queues))]
+WorkersDep = Annotated[WorkerRegistry, Depends(_taken(lambda s: s.app.workers))]
+IdempotencyDep = Annotated[Idempotency, Depends(_taken(lambda s: s.idempotency))]
+SubmissionDep = Annotated[Submission, Depends(_taken(lambda s: s.submission))]
+WaiterDep = Annotated[JobWaiter, Depends(_taken(lambda s: s.waiter))]
+FollowerDep = Annotated[TokenFollower, Depends(_taken(lambda s: s.follower))]
+ReadDep = Annotated[Reads, Depends(_taken(lambda s: s.read))]
+AppDep = Annotated[App, Depends(_taken(lambda s: s.app))]
 
 
 _bearer = HTTPBearer(auto_error=False, description="An inferq API key.")
 
 
 async def current_principal(
-    services: ServicesDep,
+    request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
     """The caller, authenticated and counted against its requests-per-minute limit."""
+    services = _services(request)
     secret = credentials.credentials if credentials is not None else None
     # A known key is answered from memory, on the event loop; only a lookup takes a thread.
     principal = services.authenticator.cached(secret)

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
+from inferq.domain.jobs import JobError, JobStatus
 from inferq.exceptions import (
     BrokerUnavailable,
     Forbidden,
@@ -86,12 +87,40 @@ _STATUSES: tuple[tuple[type[InferqError], int, str], ...] = (
 )
 
 
-def _inferq_error(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, InferqError)
-    status, type_ = next(
+def ended_error(
+    job_id: str, status: JobStatus, error: JobError | None
+) -> InvalidState | JobFailed | None:
+    """What a request answers with when its job ended without a result (cancelled, or
+    failed with the job's error); None when it succeeded."""
+    if status is JobStatus.SUCCEEDED:
+        return None
+    if status is JobStatus.CANCELLED:
+        return InvalidState(f"the request was cancelled (job {job_id})")
+    return JobFailed(
+        error.message if error else f"job {job_id} failed",
+        code=error.code if error else "failed",
+    )
+
+
+def _status_of(exc: InferqError) -> tuple[int, str]:
+    return next(
         ((status, type_) for cls, status, type_ in _STATUSES if isinstance(exc, cls)),
         (500, "server_error"),
     )
+
+
+def error_json(exc: InferqError) -> dict[str, Any]:
+    """The body an error is answered with (also the `error` event of a stream)."""
+    status, type_ = _status_of(exc)
+    code = getattr(exc, "code", None) or {401: "invalid_api_key", 413: "request_too_large"}.get(
+        status
+    )
+    return error_body(exc.message, type_=type_, param=getattr(exc, "param", None), code=code)
+
+
+def _inferq_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, InferqError)
+    status, _ = _status_of(exc)
     headers: dict[str, str] = {}
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
@@ -102,11 +131,7 @@ def _inferq_error(_request: Request, exc: Exception) -> JSONResponse:
         log.warning("service unavailable: %s", exc.message)
     elif status == 500 and not isinstance(exc, JobFailed):
         log.error("unmapped inferq error: %s", exc.message)
-    code = getattr(exc, "code", None) or {401: "invalid_api_key", 413: "request_too_large"}.get(
-        status
-    )
-    body = error_body(exc.message, type_=type_, param=getattr(exc, "param", None), code=code)
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(error_json(exc), status_code=status, headers=headers)
 
 
 _BRANCH_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}

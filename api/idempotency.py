@@ -14,10 +14,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import Services
 from inferq.constants import IDEMPOTENT_REPLAY_HEADER
 from inferq.domain.api_keys import Principal
-from inferq.store.idempotency import IdempotentRequest, StoredResponse
+from inferq.store.idempotency import IdempotencyStore, IdempotentRequest, StoredResponse
 
 T = TypeVar("T")
 
@@ -31,38 +30,44 @@ IdempotencyKey = Annotated[
 ]
 
 
-async def idempotent(
-    key: str | None,
-    *,
-    body: BaseModel,
-    services: Services,
-    principal: Principal,
-    run: Callable[[IdempotentRequest | None], Awaitable[T]],
-) -> T | JSONResponse:
-    """`run(request)`'s response, or under a key that was used before, that first response.
+class Idempotency:
+    """Runs a submission at most once per key: `store` remembers each key's response for
+    `ttl_s` seconds."""
 
-    `run` hands `request` (None without a key) to the store, which remembers the response
-    in the transaction that does the work. If `run` fails, the key is let go, so a retry
-    can go ahead.
-    """
-    if key is None:
-        return await run(None)
-    request = IdempotentRequest(key_id=principal.key_id, key=key)
-    stored = await run_in_threadpool(
-        functools.partial(
-            services.idempotency.begin,
-            request,
-            request_hash=_request_hash(body),
-            ttl_s=services.settings.idempotency_ttl_s,
+    def __init__(self, store: IdempotencyStore, *, ttl_s: int) -> None:
+        self._store = store
+        self._ttl_s = ttl_s
+
+    async def run(
+        self,
+        key: str | None,
+        *,
+        body: BaseModel,
+        principal: Principal,
+        run: Callable[[IdempotentRequest | None], Awaitable[T]],
+    ) -> T | JSONResponse:
+        """`run(request)`'s response, or under a key that was used before, that first
+        response.
+
+        `run` hands `request` (None without a key) to the store, which remembers the
+        response in the transaction that does the work. If `run` fails, the key is let go,
+        so a retry can go ahead.
+        """
+        if key is None:
+            return await run(None)
+        request = IdempotentRequest(key_id=principal.key_id, key=key)
+        stored = await run_in_threadpool(
+            functools.partial(
+                self._store.begin, request, request_hash=_request_hash(body), ttl_s=self._ttl_s
+            )
         )
-    )
-    if stored is not None:
-        return _replay(stored)
-    try:
-        return await run(request)
-    except BaseException:
-        await run_in_threadpool(services.idempotency.abandon, request)
-        raise
+        if stored is not None:
+            return _replay(stored)
+        try:
+            return await run(request)
+        except BaseException:
+            await run_in_threadpool(self._store.abandon, request)
+            raise
 
 
 def _request_hash(body: BaseModel) -> str:

@@ -8,14 +8,14 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
-from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
 from api.auth import Authenticator
 from api.bodysize import BodySizeLimit
-from api.deps import Services
+from api.deps import ApiServices
 from api.errors import register_error_handlers
 from api.grouping import Grouped
+from api.idempotency import Idempotency
 from api.metrics import ApiMetrics, QueueCollector, RequestMetrics
 from api.ratelimit import RateLimiter
 from api.routes import (
@@ -29,27 +29,15 @@ from api.routes import (
     status,
     webhooks,
 )
+from api.submission import Submission
 from api.token_follower import TokenFollower
 from api.urlcheck import RefuseNulInUrl
 from api.waiter import JobWaiter
 from inferq import __version__
-from inferq.broker.celery_app import JobPublisher
-from inferq.broker.events import JobEvents
-from inferq.broker.queues import QueueMonitor
-from inferq.broker.worker_registry import WorkerRegistry
-from inferq.operations.batches import BatchOperations
-from inferq.operations.jobs import JobOperations
+from inferq.app import App
 from inferq.settings import Settings
 from inferq.store.api_keys import KeyStore
-from inferq.store.batches import BatchStore
-from inferq.store.engine import make_engine, make_sessions
-from inferq.store.files import FileStore
-from inferq.store.idempotency import IdempotencyStore
-from inferq.store.jobs import JobStore
 from inferq.store.migrate import check_schema
-from inferq.store.served_models import ModelStore
-from inferq.store.webhooks import WebhookStore
-from inferq.wire.model_catalog import ModelCatalog, RequestLimits
 
 log = logging.getLogger(__name__)
 
@@ -57,65 +45,37 @@ log = logging.getLogger(__name__)
 MAX_GROUP = 256
 
 
-def build_services(settings: Settings) -> Services:
-    """Connect to Postgres and Redis: once per process. Models (and their tokenizers) are
-    learned from what the GPU workers registered, when first asked for."""
-    redis = Redis.from_url(settings.redis_url)
-    sessions = make_sessions(make_engine(settings.database_url))
-    keys = KeyStore(sessions)
+def build_services(app: App) -> ApiServices:
+    """What only the API process has, beside the `App`: connected once per process."""
+    settings = app.settings
     prefix = settings.redis_key_prefix
-    models = ModelCatalog(ModelStore(sessions), limits=RequestLimits.from_settings(settings))
-    publisher = JobPublisher.from_settings(settings)
-    events = JobEvents(redis, key_prefix=prefix)
-    files = FileStore(sessions)
-    store = JobStore(sessions, on_webhooks=publisher.publish_webhooks)
-    queues = QueueMonitor(redis, key_prefix=prefix)
-    job_ops = JobOperations(
-        store=store,
-        publisher=publisher,
-        events=events,
-        queues=queues,
-        high_water=settings.interactive_high_water,
-        requeue_after_s=settings.requeue_after_s,
-    )
     async_redis = AsyncRedis.from_url(settings.redis_url)
     waiter = JobWaiter(async_redis, key_prefix=prefix)
-    return Services(
-        settings=settings,
-        store=store,
-        publisher=publisher,
-        models=models,
-        events=events,
+    rate_limiter = RateLimiter(
+        settings.redis_url,
+        key_prefix=prefix,
+        default_rpm=settings.rate_limit_rpm,
+        default_tpm=settings.rate_limit_tpm,
+    )
+    submit = Grouped(app.job_operations.submit, max_items=MAX_GROUP)
+    return ApiServices(
+        app=app,
         waiter=waiter,
         follower=TokenFollower(async_redis, key_prefix=prefix, waiter=waiter),
-        redis=redis,
-        keys=keys,
         authenticator=Authenticator(
-            keys, enabled=settings.auth_enabled, cache_s=settings.auth_cache_s
+            app.keys, enabled=settings.auth_enabled, cache_s=settings.auth_cache_s
         ),
-        rate_limiter=RateLimiter(
-            settings.redis_url,
-            key_prefix=prefix,
-            default_rpm=settings.rate_limit_rpm,
-            default_tpm=settings.rate_limit_tpm,
+        rate_limiter=rate_limiter,
+        submission=Submission(
+            catalog=app.catalog,
+            webhooks=app.webhook_operations,
+            jobs=app.job_operations,
+            rate_limiter=rate_limiter,
+            submit=submit,
+            waiter=waiter,
         ),
-        queues=queues,
-        idempotency=IdempotencyStore(sessions),
-        workers=WorkerRegistry(redis, key_prefix=prefix),
-        files=files,
-        webhooks=WebhookStore(sessions),
-        batch_ops=BatchOperations(
-            files=files,
-            batches=BatchStore(sessions, on_webhooks=publisher.publish_webhooks),
-            models=models,
-            publisher=publisher,
-            events=events,
-            max_lines=settings.max_batch_lines,
-            requeue_after_s=settings.requeue_after_s,
-        ),
-        job_ops=job_ops,
-        submit=Grouped(job_ops.submit, max_items=MAX_GROUP),
-        read=Grouped(job_ops.get_many, max_items=MAX_GROUP),
+        idempotency=Idempotency(app.idempotency, ttl_s=settings.idempotency_ttl_s),
+        read=Grouped(app.job_operations.get_many, max_items=MAX_GROUP),
     )
 
 
@@ -139,14 +99,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         check_schema(settings.database_url)
-        services = build_services(settings)
-        _prepare_keys(settings, services.keys)
+        inferq = App(settings)
+        services = build_services(inferq)
+        _prepare_keys(settings, inferq.keys)
         # Every registered model's tokenizer, before the first request needs it.
-        services.models.warm()
+        inferq.catalog.warm()
         app.state.services = services
-        metrics.registry.register(
-            QueueCollector(services.queues, services.workers, services.models)
-        )
+        metrics.registry.register(QueueCollector(inferq.queues, inferq.workers, inferq.catalog))
         await services.waiter.start()
         try:
             yield

@@ -15,10 +15,10 @@ from typing import Any
 
 from sse_starlette import EventSourceResponse
 
-from api.errors import error_body
+from api.errors import ended_error, error_body, error_json
 from api.token_follower import Ended, OutputRestarted
 from inferq.broker.token_stream import ChoiceDelta
-from inferq.domain.jobs import Choice, Job, JobStatus
+from inferq.domain.jobs import Choice, Job
 from inferq.wire.openai_format import chat_role_choice, chunk, chunk_choice, tool_call, usage
 from inferq.wire.public import JobPublic
 
@@ -34,19 +34,6 @@ Followed = AsyncIterator[list[ChoiceDelta] | Ended]
 
 def _json(data: Mapping[str, Any]) -> str:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-
-
-def _ended_error(ended: Ended) -> dict[str, Any]:
-    if ended.status is JobStatus.CANCELLED:
-        return error_body(
-            "the request was cancelled", type_="invalid_request_error", code="cancelled"
-        )
-    error = ended.job.error if ended.job is not None else None
-    return error_body(
-        error.message if error else "the request failed",
-        type_="server_error",
-        code=error.code if error else "failed",
-    )
 
 
 async def openai_chunks(
@@ -82,7 +69,9 @@ async def openai_chunks(
     try:
         async for item in followed:
             if isinstance(item, Ended):
-                for event in _ending(item, held=held, include_usage=include_usage, render=render):
+                for event in _ending(
+                    item, job_id=job.id, held=held, include_usage=include_usage, render=render
+                ):
                     yield event
                 break
             for delta in [] if held else item:
@@ -127,13 +116,15 @@ async def job_deltas(followed: Followed, *, job: Job) -> AsyncIterator[str]:
 def _ending(
     ended: Ended,
     *,
+    job_id: str,
     held: bool,
     include_usage: bool,
     render: Callable[[list[dict[str, Any]], dict[str, int] | None], str],
 ) -> list[str]:
     """The last events of a stream: an error, or the held output and the usage chunk."""
-    if ended.status is not JobStatus.SUCCEEDED:
-        return [_json(_ended_error(ended))]
+    error = ended_error(job_id, ended.status, ended.job.error if ended.job else None)
+    if error is not None:
+        return [_json(error_json(error))]
     events: list[str] = []
     if held:
         assert ended.job is not None, "followed with stored=True"

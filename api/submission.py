@@ -12,16 +12,19 @@ from collections.abc import Callable, Sequence
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import Services
-from api.waiter import ReadJob
+from api.grouping import Grouped
+from api.ratelimit import RateLimiter
+from api.waiter import JobWaiter, ReadJob
 from inferq.domain.api_keys import Principal
 from inferq.domain.jobs import Job, JobSpec
 from inferq.domain.served_models import Runner
-from inferq.domain.webhooks import WebhookRequest, check_webhook_url, parse_networks
-from inferq.exceptions import InferqError, InvalidRequest
+from inferq.domain.webhooks import WebhookRequest
+from inferq.exceptions import InferqError
+from inferq.operations.jobs import JobOperations
+from inferq.operations.webhooks import WebhookOperations
 from inferq.store.idempotency import IdempotentRequest
 from inferq.store.jobs import NewJob
-from inferq.wire.model_catalog import CatalogModel
+from inferq.wire.model_catalog import CatalogModel, ModelCatalog
 
 log = logging.getLogger(__name__)
 
@@ -29,78 +32,81 @@ log = logging.getLogger(__name__)
 INLINE_PROMPT_CHARS = 8192
 
 
-async def checked(
-    services: Services,
-    model: str | None,
-    prompt_chars: int,
-    build: Callable[[CatalogModel], JobSpec],
-    *,
-    runner: Runner = "generate",
-) -> JobSpec:
-    """`build(model)` for the served model a request named, in a worker thread if the
-    prompt is long enough to hold the event loop or the model is not ready in memory
-    (learning of it reads Postgres and loads its tokenizer)."""
-    ready = services.models.cached(model, runner=runner)
-    if ready is None or prompt_chars > INLINE_PROMPT_CHARS:
-        return await run_in_threadpool(lambda: build(services.models.get(model, runner=runner)))
-    return build(ready)
+class Submission:
+    """How the API's routes submit work and wait for it."""
 
+    def __init__(
+        self,
+        *,
+        catalog: ModelCatalog,
+        webhooks: WebhookOperations,
+        jobs: JobOperations,
+        rate_limiter: RateLimiter,
+        submit: Grouped[NewJob, Job],
+        waiter: JobWaiter,
+    ) -> None:
+        self._catalog = catalog
+        self._webhooks = webhooks
+        self._jobs = jobs
+        self._rate_limiter = rate_limiter
+        self._submit = submit
+        self._waiter = waiter
 
-def webhook_request(
-    services: Services, url: str | None, events: Sequence[str] | None
-) -> WebhookRequest | None:
-    """The webhook a job or batch asked for, its URL checked (SSRF), or None."""
-    if url is None:
-        if events is not None:
-            raise InvalidRequest("webhook_events needs a webhook_url", param="webhook_events")
-        return None
-    allowed = parse_networks(services.settings.webhook_allowed_networks)
-    check_webhook_url(url, allowed=allowed)
-    return WebhookRequest(url=url, events=None if events is None else list(events))
+    async def checked(
+        self,
+        model: str | None,
+        prompt_chars: int,
+        build: Callable[[CatalogModel], JobSpec],
+        *,
+        runner: Runner = "generate",
+    ) -> JobSpec:
+        """`build(model)` for the served model a request named, in a worker thread if the
+        prompt is long enough to hold the event loop or the model is not ready in memory
+        (learning of it reads Postgres and loads its tokenizer)."""
+        ready = self._catalog.cached(model, runner=runner)
+        if ready is None or prompt_chars > INLINE_PROMPT_CHARS:
+            return await run_in_threadpool(lambda: build(self._catalog.get(model, runner=runner)))
+        return build(ready)
 
+    async def checked_webhook(
+        self, url: str | None, events: Sequence[str] | None
+    ) -> WebhookRequest | None:
+        """The webhook a job or batch asked for, its URL checked (SSRF), or None; in a
+        worker thread when there is a URL: checking it may resolve the host name."""
+        if url is None:
+            return self._webhooks.request(url, events)
+        return await run_in_threadpool(self._webhooks.request, url, events)
 
-async def checked_webhook(
-    services: Services, url: str | None, events: Sequence[str] | None
-) -> WebhookRequest | None:
-    """`webhook_request`, in a worker thread when there is a URL: checking it may resolve
-    the host name."""
-    if url is None:
-        return webhook_request(services, url, events)
-    return await run_in_threadpool(webhook_request, services, url, events)
+    async def submit(
+        self,
+        principal: Principal,
+        spec: JobSpec,
+        *,
+        webhook: WebhookRequest | None = None,
+        idempotency: IdempotentRequest | None = None,
+    ) -> Job:
+        """Count the job against the caller's token limit, then queue it."""
+        await self._rate_limiter.tokens(
+            principal, len(spec.prompt_token_ids) + spec.sampling.max_tokens * spec.sampling.n
+        )
+        return await self._submit(
+            NewJob(spec=spec, tenant=principal.tenant, webhook=webhook, idempotency=idempotency)
+        )
 
+    async def cancel_abandoned(self, job_id: str, *, scope: str | None) -> None:
+        """Cancel a job whose client hung up, unless it has ended meanwhile."""
+        try:
+            await run_in_threadpool(functools.partial(self._jobs.cancel, job_id, scope=scope))
+        except InferqError as exc:
+            log.debug("job %s was not cancelled after its client left: %s", job_id, exc.message)
+        else:
+            log.info("cancelled job %s: its client hung up", job_id, extra={"job_id": job_id})
 
-async def submit(
-    services: Services,
-    principal: Principal,
-    spec: JobSpec,
-    *,
-    webhook: WebhookRequest | None = None,
-    idempotency: IdempotentRequest | None = None,
-) -> Job:
-    """Count the job against the caller's token limit, then queue it."""
-    await services.rate_limiter.tokens(
-        principal, len(spec.prompt_token_ids) + spec.sampling.max_tokens * spec.sampling.n
-    )
-    return await services.submit(
-        NewJob(spec=spec, tenant=principal.tenant, webhook=webhook, idempotency=idempotency)
-    )
-
-
-async def cancel_abandoned(services: Services, job_id: str, *, scope: str | None) -> None:
-    """Cancel a job whose client hung up, unless it has ended meanwhile."""
-    try:
-        await run_in_threadpool(functools.partial(services.job_ops.cancel, job_id, scope=scope))
-    except InferqError as exc:
-        log.debug("job %s was not cancelled after its client left: %s", job_id, exc.message)
-    else:
-        log.info("cancelled job %s: its client hung up", job_id, extra={"job_id": job_id})
-
-
-async def until_ended(
-    job: Job, *, read: ReadJob, services: Services, request: Request, scope: str | None
-) -> Job:
-    """The job once it has ended; if the client hangs up first, it is cancelled."""
-    job = await services.waiter.until_ended(job.id, read, give_up=request.is_disconnected)
-    if not job.status.is_terminal:
-        await cancel_abandoned(services, job.id, scope=scope)
-    return job
+    async def until_ended(
+        self, job: Job, *, read: ReadJob, request: Request, scope: str | None
+    ) -> Job:
+        """The job once it has ended; if the client hangs up first, it is cancelled."""
+        job = await self._waiter.until_ended(job.id, read, give_up=request.is_disconnected)
+        if not job.status.is_terminal:
+            await self.cancel_abandoned(job.id, scope=scope)
+        return job

@@ -13,7 +13,7 @@ Systems, each in processes of its own, one after another:
 - idle: one job at a time on an otherwise idle system;
 - interactive: single jobs on Poisson arrivals at several rates (latency against load);
 - priority: interactive jobs while a big batch saturates the engine (`bench.priority`);
-- pipeline: inferq with the instant engine (no model): jobs/s through API, Redis, worker
+- pipeline: inferq with the pipeline-only engine (no model): jobs/s through API, Redis, worker
   and Postgres, for batch lines and for single jobs.
 Every step's name works with --skip. Prints a table of tokens/s with ratios to the engine
 limit, and writes the figures (JSON) and a chart (PNG) to --out.
@@ -214,7 +214,8 @@ def run_pipeline(workdir: Path, lines: int) -> dict[str, Any]:
     with inferq(
         model,
         workdir,
-        INFERQ_ENGINE="instant",
+        INFERQ_ENGINE="pipeline-only",
+        INFERQ_ALLOW_PIPELINE_ONLY_ENGINE="true",
         INFERQ_MAX_NUM_SEQS="256",
         INFERQ_MAX_BATCH_SIZE="256",
     ) as url:

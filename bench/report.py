@@ -64,7 +64,7 @@ def table(results: dict[str, Any]) -> str:
         p = results["pipeline"]
         out += [
             "",
-            f"Pipeline ceiling (instant engine): {p['batch_jobs_per_s']:.0f} jobs/s for "
+            f"Pipeline ceiling (pipeline-only engine): {p['batch_jobs_per_s']:.0f} jobs/s for "
             f"{p['batch_lines']} batch lines, {p['single_jobs_per_s']:.0f} jobs/s for "
             f"{p['single_jobs']} single jobs at concurrency {p.get('single_concurrency', 256)}.",
         ]

@@ -162,7 +162,8 @@ def main() -> None:
     with deployment(
         stack.demo_model(),
         workdir,
-        INFERQ_ENGINE="instant",
+        INFERQ_ENGINE="pipeline-only",
+        INFERQ_ALLOW_PIPELINE_ONLY_ENGINE="true",
         INFERQ_MAX_NUM_SEQS="256",
         INFERQ_MAX_BATCH_SIZE="256",
         INFERQ_JOB_RETENTION_S=str(args.retention_s),

@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 from inferq.broker.worker_registry import WorkerStatus
 from inferq.exceptions import InferqError, PreflightFailed
 from inferq.host.kv_cache import gib
-from inferq.settings import Settings, redact_url
+from inferq.settings import ConnectionSettings, EngineSettings, Settings, redact_url
 
 PROBE_TIMEOUT_S = 3.0
 
@@ -43,7 +43,7 @@ def run_checks(settings: Settings) -> Iterator[Check]:
     yield from _ports(settings)
 
 
-def _postgres(settings: Settings) -> Check:
+def _postgres(settings: ConnectionSettings) -> Check:
     from inferq.store.migrate import check_schema, head_revision
 
     where = redact_url(settings.database_url)
@@ -60,7 +60,7 @@ def _postgres(settings: Settings) -> Check:
     return Check("postgres", True, f"{where}: reachable, schema at {head_revision()} (head)")
 
 
-def _redis(settings: Settings) -> Check:
+def _redis(settings: ConnectionSettings) -> Check:
     try:
         with _redis_client(settings) as redis:
             redis.ping()
@@ -74,7 +74,7 @@ def _redis(settings: Settings) -> Check:
     return Check("redis", True, f"{settings.redis_url}: reachable")
 
 
-def _workers(settings: Settings) -> Check:
+def _workers(settings: ConnectionSettings) -> Check:
     from inferq.broker.worker_registry import WorkerRegistry
 
     with _redis_client(settings) as redis:
@@ -96,7 +96,7 @@ def _serves(worker: WorkerStatus) -> str:
     return f"{worker.model}{runner}{adapters}"
 
 
-def _models(settings: Settings) -> Check:
+def _models(settings: ConnectionSettings) -> Check:
     """The models workers registered, and how many workers online serve each now."""
     from inferq.broker.worker_registry import WorkerRegistry
     from inferq.store.engine import make_engine, make_sessions
@@ -119,7 +119,7 @@ def _models(settings: Settings) -> Check:
     return Check("models", True, ", ".join(parts))
 
 
-def _postgres_ok(settings: Settings) -> bool:
+def _postgres_ok(settings: ConnectionSettings) -> bool:
     from inferq.store.migrate import check_schema
 
     try:
@@ -129,7 +129,7 @@ def _postgres_ok(settings: Settings) -> bool:
     return True
 
 
-def _engine(settings: Settings) -> Iterator[Check]:
+def _engine(settings: EngineSettings) -> Iterator[Check]:
     """The model, the device and the memory, as the worker's preflight sees them."""
     from inferq.host import preflight
     from inferq.host.hardware import engine_device
@@ -158,7 +158,7 @@ def _engine(settings: Settings) -> Iterator[Check]:
     yield Check("memory", True, f"KV cache {plan.how}")
 
 
-def _gpus(settings: Settings, device: str) -> Check:
+def _gpus(settings: EngineSettings, device: str) -> Check:
     from inferq.host import preflight
     from inferq.host.hardware import NvmlUnavailable, gpus
 
@@ -210,7 +210,7 @@ def _ports(settings: Settings) -> Iterator[Check]:
 
 
 @contextlib.contextmanager
-def _redis_client(settings: Settings) -> Iterator[Redis]:
+def _redis_client(settings: ConnectionSettings) -> Iterator[Redis]:
     redis = Redis.from_url(
         settings.redis_url,
         socket_connect_timeout=PROBE_TIMEOUT_S,

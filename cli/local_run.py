@@ -19,19 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Engine
-
 from cli.demo_model import CPU_DTYPE, DEMO, TINY, build_demo_model
+from inferq.app import App
 from inferq.domain.batches import Batch, BatchStatus, FilePurpose
 from inferq.domain.jobs import JobStatus
 from inferq.domain.served_models import served_by
-from inferq.exceptions import InferqError, JobsReturned
+from inferq.exceptions import BrokerUnavailable, InferqError, JobsReturned
 from inferq.operations.batches import BatchOperations
 from inferq.settings import Settings
-from inferq.store.batches import BatchStore
-from inferq.store.engine import make_engine, make_sessions
-from inferq.store.files import FileStore
-from inferq.store.jobs import JobStore
 from inferq.store.migrate import upgrade
 from inferq.wire.model_catalog import FixedModels, ModelCatalog, RequestLimits
 
@@ -101,15 +96,15 @@ class LocalRun:
         self.state = state
         url = f"sqlite:///{state}"
         upgrade(url)
-        self._db: Engine = make_engine(url)
-        sessions = make_sessions(self._db)
-        self.jobs = JobStore(sessions)
-        self.batches = BatchStore(sessions)
-        self._files = FileStore(sessions)
-        self._ops = self._operations(models=None)
+        # The same pieces a deployment has, on a SQLite file and with no broker.
+        self._app = App(settings.model_copy(update={"database_url": url}))
+        self.jobs = self._app.jobs
+        self.batches = self._app.batches
+        self._files = self._app.files
+        self._output = self._app.batch_output
 
     def close(self) -> None:
-        self._db.dispose()
+        self._app.close()
 
     def open_batch(self, source: Path, *, endpoint: str, name: str) -> Batch:
         """The batch of `source` (the file `name`, as batch lines): the one in the state
@@ -221,7 +216,7 @@ class LocalRun:
         on_progress(self.progress(batch_id))
         if stop.is_set():
             return False
-        self._ops.finalize(batch_id)
+        self._output.finalize(batch_id)
         return True
 
     def write_results(self, batch_id: str, output: Path) -> tuple[Path | None, Path | None]:
@@ -239,19 +234,20 @@ class LocalRun:
                 continue
             partial = target.with_name(target.name + ".partial")
             with partial.open("wb") as out:
-                for chunk in self._ops.content(self._files.get(file_id)):
+                for chunk in self._output.content(self._files.get(file_id)):
                     out.write(chunk)
             partial.replace(target)
             written.append(target)
         return written[0], written[1]
 
-    def _operations(self, models: ModelCatalog | None) -> BatchOperations:
+    def _operations(self, models: ModelCatalog) -> BatchOperations:
         return BatchOperations(
             files=self._files,
             batches=self.batches,
             models=models,
-            publisher=None,
-            events=None,
+            publisher=_NoBroker(),
+            events=_NoBroker(),
+            output=self._output,
             max_lines=NO_LIMIT,
             requeue_after_s=self.settings.requeue_after_s,
         )
@@ -260,6 +256,20 @@ class LocalRun:
         """Lines a killed run had in the engine were never written: queue them again."""
         for job_ids in self.batches.job_id_chunks(batch_id, statuses=(JobStatus.RUNNING,)):
             self.jobs.release_jobs(job_ids, worker=LOCAL_WORKER, requeue_after_s=0)
+
+
+class _NoBroker:
+    """No broker in a local run: the consumer threads take queued lines from the state
+    file, and nothing is cancelled (a local batch is stopped, never cancelled)."""
+
+    def publish_bulk(self, job_ids: Sequence[str], *, queue: str) -> None:
+        pass
+
+    def publish_finalize(self, batch_id: str) -> None:
+        raise BrokerUnavailable(f"a local run finalizes its batch ({batch_id}) itself")
+
+    def cancelled(self, job_ids: Sequence[str]) -> None:
+        pass
 
 
 class _NoListeners:

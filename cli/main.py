@@ -11,7 +11,7 @@ import typer
 from cli.batch import batch_app
 from cli.logs import configure_logging
 from cli.run import run
-from inferq.settings import Settings
+from inferq.settings import ConnectionSettings, Settings
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -137,7 +137,7 @@ def migrate(
         typer.echo(f"announced: {names}")
 
 
-def _key_store(settings: Settings):  # type: ignore[no-untyped-def]
+def _key_store(settings: ConnectionSettings):  # type: ignore[no-untyped-def]
     from inferq.store.api_keys import KeyStore
     from inferq.store.engine import make_engine, make_sessions
 

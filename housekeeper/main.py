@@ -12,13 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from redis import Redis
 
 from housekeeper.maintenance import Maintenance
 from housekeeper.retention import Retention
 from housekeeper.webhook_sender import WebhookSender
-from inferq.broker.celery_app import JobPublisher, make_celery
-from inferq.broker.events import JobEvents
+from inferq.app import App
+from inferq.broker.celery_app import make_celery
 from inferq.constants import (
     DELIVER_WEBHOOKS_TASK,
     FINALIZE_BATCH_TASK,
@@ -27,23 +26,19 @@ from inferq.constants import (
     SERVICE_QUEUES,
 )
 from inferq.domain.webhooks import Delivery, parse_networks
-from inferq.operations.batches import BatchOperations
+from inferq.operations.batches import BatchLifecycle
 from inferq.settings import Settings
 from inferq.store.batches import BatchStore
-from inferq.store.engine import make_engine, make_sessions
-from inferq.store.files import FileStore
 from inferq.store.jobs import JobStore
 from inferq.store.migrate import check_schema
-from inferq.store.retention import RetentionStore
 from inferq.store.served_models import ModelStore
-from inferq.store.webhooks import WebhookStore
 from inferq.wire.public import batch_json, job_json
 
 log = logging.getLogger(__name__)
 
 
 def register_housekeeping_tasks(
-    app: Celery, maintenance: Maintenance, batches: BatchOperations, sender: WebhookSender
+    app: Celery, maintenance: Maintenance, batches: BatchLifecycle, sender: WebhookSender
 ) -> None:
     @app.task(name=MAINTAIN_TASK, ignore_result=True)  # type: ignore[untyped-decorator]
     def maintain() -> dict[str, Any]:
@@ -82,61 +77,47 @@ def _bases(models: ModelStore) -> set[str]:
 
 def run_housekeeper(settings: Settings, *, name: str | None = None) -> None:
     check_schema(settings.database_url)
-    sessions = make_sessions(
-        make_engine(settings.database_url, pool_size=4 + settings.webhook_concurrency)
-    )
-    store = JobStore(sessions)
-    app = make_celery(settings)
-    publisher = JobPublisher.from_settings(settings, app)
-    redis = Redis.from_url(settings.redis_url)
-    batch_store = BatchStore(sessions, on_webhooks=publisher.publish_webhooks)
-    webhooks = WebhookStore(sessions)
+    app = App(settings, pool_size=4 + settings.webhook_concurrency)
     sender = WebhookSender(
-        store=webhooks,
-        render=_renderer(store, batch_store),
+        store=app.webhooks,
+        render=_renderer(app.jobs, app.batches),
         timeout_s=settings.webhook_timeout_s,
         schedule_s=settings.webhook_retry_schedule_s,
         allowed=parse_networks(settings.webhook_allowed_networks),
         concurrency=settings.webhook_concurrency,
     )
-    batches = BatchOperations(
-        files=FileStore(sessions),
-        batches=batch_store,
-        models=None,
-        publisher=publisher,
-        events=JobEvents(redis, key_prefix=settings.redis_key_prefix),
-        max_lines=settings.max_batch_lines,
-        requeue_after_s=settings.requeue_after_s,
-    )
     maintenance = Maintenance(
-        store=store,
-        publisher=publisher,
-        redis=redis,
+        store=app.jobs,
+        publisher=app.publisher,
+        redis=app.redis,
         key_prefix=settings.redis_key_prefix,
         requeue_after_s=settings.requeue_after_s,
         stranded_after_s=settings.lease_s,
-        batches=batches,
-        webhooks_due=webhooks.due,
+        batches=app.batch_lifecycle,
+        webhooks_due=app.webhooks.due,
         retention=Retention(
-            RetentionStore(sessions),
+            app.retention,
             job_retention_s=settings.job_retention_s,
             webhook_retention_s=settings.webhook_retention_s,
         ),
-        served_models=functools.partial(_bases, ModelStore(sessions)),
+        served_models=functools.partial(_bases, app.served_models),
     )
-    register_housekeeping_tasks(app, maintenance, batches, sender)
-    app.worker_main(
-        [
-            "worker",
-            "--pool=threads",
-            "--concurrency=8",
-            f"--queues={','.join(SERVICE_QUEUES)}",
-            f"--hostname={name or f'service-{os.getpid()}@{socket.gethostname()}'}",
-            f"--loglevel={settings.log_level}",
-            "--without-mingle",
-            "--without-gossip",
-        ]
-    )
+    register_housekeeping_tasks(app.celery, maintenance, app.batch_lifecycle, sender)
+    try:
+        app.celery.worker_main(
+            [
+                "worker",
+                "--pool=threads",
+                "--concurrency=8",
+                f"--queues={','.join(SERVICE_QUEUES)}",
+                f"--hostname={name or f'service-{os.getpid()}@{socket.gethostname()}'}",
+                f"--loglevel={settings.log_level}",
+                "--without-mingle",
+                "--without-gossip",
+            ]
+        )
+    finally:
+        sender.close()  # deliveries under way finish first
 
 
 def run_beat(settings: Settings) -> None:

@@ -41,9 +41,9 @@ from inferq.constants import (
     RETENTION_PASSES_KEY,
 )
 from inferq.domain.queue_names import gpu_queues, is_bulk
-from inferq.operations.batches import BatchOperations
+from inferq.operations.batches import BatchLifecycle
 from inferq.store.base import utcnow
-from inferq.store.jobs import DueJob, JobStore
+from inferq.store.job_publishing import DueJob, JobPublishing
 
 log = logging.getLogger(__name__)
 
@@ -64,15 +64,15 @@ class Maintenance:
     def __init__(
         self,
         *,
-        store: JobStore,
+        store: JobPublishing,
         publisher: JobPublisher,
         redis: Redis,
         key_prefix: str,
         requeue_after_s: int,
         stranded_after_s: int,
-        batches: BatchOperations | None = None,
-        webhooks_due: Callable[[], bool] | None = None,
-        retention: Retention | None = None,
+        batches: BatchLifecycle,
+        webhooks_due: Callable[[], bool],
+        retention: Retention,
         served_models: Callable[[], Iterable[str]] = tuple,
         lock_s: int = 300,
         clock: Callable[[], datetime] = utcnow,
@@ -136,7 +136,7 @@ class Maintenance:
                 )
         self._publish(due)
         self._tend_batches()
-        if self._webhooks_due is not None and self._webhooks_due():
+        if self._webhooks_due():
             # Retries come due here, on Postgres' clock: no long Celery countdowns.
             self._publisher.publish_webhooks()
         if due and not redis_lost:
@@ -145,8 +145,6 @@ class Maintenance:
         return MaintenanceReport(redis_lost=redis_lost, republished=len(due))
 
     def _keep_retention(self) -> None:
-        if self._retention is None:
-            return
         report = self._retention.run_once()
         entry = json.dumps({"at": self._clock().isoformat(), **report.as_dict()})
         pipe = self._redis.pipeline()
@@ -156,12 +154,9 @@ class Maintenance:
 
     def _tend_batches(self) -> None:
         """Expire batches past their window; finalize any whose last line ended unseen."""
-        if self._batches is None:
-            return
         for batch_id in self._batches.expire_due():
             log.info("batch %s expired", batch_id, extra={"batch_id": batch_id})
-        for batch_id in self._batches.batches.finished():
-            self._batches.finalize(batch_id)
+        self._batches.finalize_finished()
 
     def _delivered_before(self, queue: str) -> datetime | None:
         """A time before which every job of `queue` has had its message delivered: when

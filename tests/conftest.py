@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 from redis import Redis
+from sqlalchemy.orm import Session, sessionmaker
 
 from cli.demo_model import CPU_DTYPE, TINY, build_demo_model
 from inferq.store.api_keys import KeyStore
@@ -163,6 +164,8 @@ class Stack:
     env: dict[str, str]
     store: JobStore
     keys: KeyStore
+    # Sessions on the stack's database, for tests that read its rows directly.
+    sessions: sessionmaker[Session]
     api: ServiceProcess
     worker: ServiceProcess
     service: ServiceProcess
@@ -215,12 +218,14 @@ def stack(
         wait_worker_ready(worker)
         service.wait_until(log_contains(service, " ready."), timeout_s=60, what="consuming")
         engine = make_engine(database_url, pool_size=2)
+        sessions = make_sessions(engine)
         try:
             yield Stack(
                 url=f"http://127.0.0.1:{port}",
                 env=env,
-                store=JobStore(make_sessions(engine)),
-                keys=KeyStore(make_sessions(engine)),
+                store=JobStore(sessions),
+                keys=KeyStore(sessions),
+                sessions=sessions,
                 api=api,
                 worker=worker,
                 service=service,

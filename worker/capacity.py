@@ -20,18 +20,9 @@ class CapacityGate:
         self._changed = threading.Condition()
 
     @property
-    def used(self) -> int:
-        return self._used
-
-    @property
     def bulk_waiting(self) -> int:
         """Batch chunks waiting for room (each holding its message meanwhile)."""
         return self._bulk_waiting
-
-    @property
-    def interactive_waiting(self) -> int:
-        """Interactive tasks waiting for room."""
-        return self._interactive_waiting
 
     def acquire(self, count: int, *, interactive: bool, timeout_s: float | None = None) -> bool:
         """Wait for room for `count` jobs; False if the gate closed (shutdown) meanwhile,

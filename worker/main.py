@@ -11,22 +11,17 @@ from collections.abc import Callable
 
 from celery.signals import worker_shutting_down
 from prometheus_client import start_http_server
-from redis import Redis
 
+from inferq.app import App
 from inferq.broker.celery_app import JobPublisher, make_celery
-from inferq.broker.events import JobEvents
 from inferq.broker.token_stream import TokenStreamWriter
-from inferq.broker.worker_registry import WorkerRegistry
 from inferq.domain.queue_names import gpu_queues
 from inferq.domain.served_models import served_by
 from inferq.exceptions import InferqError
 from inferq.host.preflight import engine_settings
 from inferq.settings import Settings
 from inferq.store.batches import BatchStore
-from inferq.store.engine import make_engine, make_sessions
-from inferq.store.jobs import JobStore
 from inferq.store.migrate import check_schema
-from inferq.store.served_models import ModelStore
 from worker.engine.factory import build_engine
 from worker.heartbeat import Heartbeat
 from worker.job_events import JobEventListener
@@ -85,20 +80,17 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
         # First, so a port clash fails in a second, not after the model has loaded.
         _serve_metrics(settings.worker_metrics_port)
     worker_name = name or default_worker_name(settings.model_name)
-    sessions = make_sessions(make_engine(settings.database_url, pool_size=4))
-    publisher = JobPublisher.from_settings(settings)
-    store = JobStore(sessions, on_webhooks=publisher.publish_webhooks)
-    redis = Redis.from_url(settings.redis_url)
     # Before anything loads: one line and a non-zero exit if this host cannot run the model.
     settings = engine_settings(settings)
+    app = App(settings, pool_size=4)
     # Known before the weights load (minutes, for a large model): the API accepts and
     # queues the model's work from now on, where it would say 404 until the worker is up.
-    if announced := ModelStore(sessions).announce(served_by(settings)):
+    if announced := app.served_models.announce(served_by(settings)):
         log.info("announced %s: its work is accepted while the model loads", ", ".join(announced))
     engine = build_engine(settings)
     tokens = TokenPublisher(
         TokenStreamWriter(
-            redis,
+            app.redis,
             key_prefix=settings.redis_key_prefix,
             max_entries=settings.stream_max_entries,
             ttl_s=settings.stream_ttl_s,
@@ -106,24 +98,24 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
     )
     runtime = EngineRuntime.from_settings(
         settings,
-        store=store,
+        store=app.jobs,
         engine=engine,
-        events=JobEvents(redis, key_prefix=settings.redis_key_prefix),
+        events=app.events,
         worker_name=worker_name,
         on_fatal=_die,
         metrics=metrics,
-        on_batch_lines_done=_batch_finisher(BatchStore(sessions), publisher),
+        on_batch_lines_done=_batch_finisher(app.batches, app.publisher),
         on_tokens=tokens.put,
     )
     model = settings.model_name
     cancels = JobEventListener(
-        redis, key_prefix=settings.redis_key_prefix, model=model, runtime=runtime
+        app.redis, key_prefix=settings.redis_key_prefix, model=model, runtime=runtime
     )
     queues = gpu_queues(model)
-    app = make_celery(settings, serving=model)
+    consumer = make_celery(settings, serving=model)
     # SIGINT/SIGQUIT (cold shutdown) wait as long as the drain does before cancelling.
-    app.conf.worker_soft_shutdown_timeout = settings.drain_timeout_s
-    register_gpu_tasks(app, runtime)
+    consumer.conf.worker_soft_shutdown_timeout = settings.drain_timeout_s
+    register_gpu_tasks(consumer, runtime)
 
     def drain_on_shutdown(**_: object) -> None:
         # Celery stops consuming and waits for running tasks; the drain makes them end.
@@ -136,7 +128,7 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
     runtime.start()
     cancels.start()
     heartbeat = Heartbeat(
-        WorkerRegistry(redis, key_prefix=settings.redis_key_prefix),
+        app.workers,
         runtime=runtime,
         model=model,
         runner=settings.runner,
@@ -146,7 +138,7 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
     heartbeat.start()
     # The API accepts these names from now on; their jobs wait in the queues until taken.
     served = served_models(settings, engine)
-    ModelStore(sessions).register(served)
+    app.served_models.register(served)
     metrics.serving(served, worker=worker_name)
     metrics.ready.set(1)
     log.info(
@@ -156,7 +148,7 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
         ",".join(queues),
     )
     try:
-        app.worker_main(
+        consumer.worker_main(
             [
                 "worker",
                 "--pool=threads",

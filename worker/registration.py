@@ -4,13 +4,13 @@ with what the API needs to check requests for them (inferq/domain/served_models.
 from __future__ import annotations
 
 from inferq.domain.served_models import ServedModel, served_by
-from inferq.settings import Settings
+from inferq.settings import EngineSettings
 from worker.engine.protocol import Engine
 
 
-def served_models(settings: Settings, engine: Engine) -> list[ServedModel]:
+def served_models(settings: EngineSettings, engine: Engine) -> list[ServedModel]:
     """The model names this worker answers to, with what its engine learned while loading
-    (an engine that loads no model, the instant one, knows none of it)."""
+    (an engine that loads no model, the pipeline-only one, knows none of it)."""
     return served_by(
         settings,
         max_model_len=getattr(engine, "max_model_len", None),

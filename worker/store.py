@@ -1,7 +1,8 @@
 """What the GPU worker asks of the job store.
 
-`inferq.store.jobs.JobStore` is the store; the runtime, the lease keeper and the result
-writer depend only on these calls, so unit tests can run them on an in-memory store.
+`inferq.store.jobs.JobStore` is the store (these calls are its `inferq.store.job_leases`
+half); the runtime, the lease keeper and the result writer depend only on these calls, so
+unit tests can run them on an in-memory store.
 Every call may raise `StoreUnavailable` while the database cannot be reached.
 """
 

@@ -10,10 +10,16 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from api.batch_schemas import BatchCreate, BatchList, expiry_s
-from api.deps import PrincipalDep, ServicesDep
+from api.deps import (
+    BatchOpsDep,
+    BatchOutputDep,
+    IdempotencyDep,
+    PrincipalDep,
+    SettingsDep,
+    SubmissionDep,
+)
 from api.errors import error_responses
-from api.idempotency import IdempotencyKey, idempotent
-from api.submission import checked_webhook
+from api.idempotency import IdempotencyKey
 from inferq.constants import BATCH_ENDED_HEADER, NEXT_CURSOR_HEADER
 from inferq.store.idempotency import IdempotentRequest
 from inferq.wire.public import BatchPublic
@@ -24,18 +30,21 @@ router = APIRouter(prefix="/v1/batches", tags=["batches"], responses=error_respo
 @router.post("", response_model=BatchPublic, responses=error_responses(409, 422))
 async def create_batch(
     body: BatchCreate,
-    services: ServicesDep,
+    batches: BatchOpsDep,
+    submission: SubmissionDep,
+    idempotency: IdempotencyDep,
+    settings: SettingsDep,
     principal: PrincipalDep,
     idempotency_key: IdempotencyKey = None,
 ) -> BatchPublic | JSONResponse:
     """Create a batch: every line of the file is checked and queued, or the batch fails
     with the refused lines in `errors` and nothing queued."""
-    webhook = await checked_webhook(services, body.webhook_url, body.webhook_events)
+    webhook = await submission.checked_webhook(body.webhook_url, body.webhook_events)
 
     async def create(request: IdempotentRequest | None) -> BatchPublic:
         batch = await run_in_threadpool(
             functools.partial(
-                services.batch_ops.create,
+                batches.create,
                 tenant=principal.tenant,
                 input_file_id=body.input_file_id,
                 endpoint=body.endpoint,
@@ -45,39 +54,37 @@ async def create_batch(
                 priority=body.priority,
                 idempotency=request,
                 output_expires_after_s=expiry_s(
-                    body.output_expires_after, services.settings.job_retention_s
+                    body.output_expires_after, settings.job_retention_s
                 ),
             )
         )
         return BatchPublic.from_batch(batch)
 
-    return await idempotent(
-        idempotency_key, body=body, services=services, principal=principal, run=create
-    )
+    return await idempotency.run(idempotency_key, body=body, principal=principal, run=create)
 
 
 @router.get("/{batch_id}", response_model=BatchPublic, responses=error_responses(404))
-def get_batch(batch_id: str, services: ServicesDep, principal: PrincipalDep) -> BatchPublic:
+def get_batch(batch_id: str, batches: BatchOpsDep, principal: PrincipalDep) -> BatchPublic:
     """A batch: its status, request counts and files."""
-    return BatchPublic.from_batch(services.batch_ops.get(batch_id, scope=principal.scope))
+    return BatchPublic.from_batch(batches.get(batch_id, scope=principal.scope))
 
 
 @router.get("", response_model=BatchList, responses=error_responses(422))
 def list_batches(
-    services: ServicesDep,
+    batches: BatchOpsDep,
     principal: PrincipalDep,
     after: Annotated[str | None, Query(description="The `last_id` of the previous page.")] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> BatchList:
     """Batches, newest first."""
-    page = services.batch_ops.page(scope=principal.scope, after=after, limit=limit)
+    page = batches.page(scope=principal.scope, after=after, limit=limit)
     return BatchList.of(page, BatchPublic.from_batch)
 
 
 @router.post("/{batch_id}/cancel", response_model=BatchPublic, responses=error_responses(404, 409))
-def cancel_batch(batch_id: str, services: ServicesDep, principal: PrincipalDep) -> BatchPublic:
+def cancel_batch(batch_id: str, batches: BatchOpsDep, principal: PrincipalDep) -> BatchPublic:
     """Cancel a batch: finished lines are kept, the others never run."""
-    return BatchPublic.from_batch(services.batch_ops.cancel(batch_id, scope=principal.scope))
+    return BatchPublic.from_batch(batches.cancel(batch_id, scope=principal.scope))
 
 
 @router.get(
@@ -105,7 +112,8 @@ def cancel_batch(batch_id: str, services: ServicesDep, principal: PrincipalDep) 
 )
 def batch_output(
     batch_id: str,
-    services: ServicesDep,
+    batches: BatchOpsDep,
+    output: BatchOutputDep,
     principal: PrincipalDep,
     include: Annotated[
         Literal["errors"] | None,
@@ -122,10 +130,8 @@ def batch_output(
 ) -> StreamingResponse:
     """The lines of a batch that have ended so far, streamed while it runs: those after
     `after`, up to the first line still queued or running."""
-    batch = services.batch_ops.get(batch_id, scope=principal.scope)
-    partial = services.batch_ops.partial_output(
-        batch, after=after, include_errors=include == "errors"
-    )
+    batch = batches.get(batch_id, scope=principal.scope)
+    partial = output.partial_output(batch, after=after, include_errors=include == "errors")
     return StreamingResponse(
         partial.lines,
         media_type="application/octet-stream",

@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from api.deps import PrincipalDep, Services, ServicesDep
-from api.errors import error_responses
+from api.deps import FollowerDep, PrincipalDep, ReadDep, Reads, SubmissionDep
+from api.errors import ended_error, error_responses
 from api.streams import event_stream, holds_output, openai_chunks
-from api.submission import cancel_abandoned, checked, submit, until_ended
+from api.submission import Submission
+from api.token_follower import TokenFollower
 from inferq.constants import JOB_ID_HEADER
 from inferq.domain.api_keys import Principal
-from inferq.domain.jobs import Job, JobSpec, JobStatus
-from inferq.exceptions import InvalidState, JobFailed
+from inferq.domain.jobs import Job, JobSpec
 from inferq.wire.model_catalog import CatalogModel
 from inferq.wire.openai_bodies import ChatBody, CompletionBody, prepare_body
 from inferq.wire.openai_format import completion_body
@@ -39,23 +39,46 @@ _RESPONSES = {
 
 @router.post("/chat/completions", response_model=None, responses=_RESPONSES)
 async def chat_completions(
-    body: ChatBody, services: ServicesDep, principal: PrincipalDep, request: Request
+    body: ChatBody,
+    submission: SubmissionDep,
+    read: ReadDep,
+    follower: FollowerDep,
+    principal: PrincipalDep,
+    request: Request,
 ) -> Response:
     """A chat completion (OpenAI's shape), answered when it ends or streamed."""
     chars = sum(len(str(m.content)) for m in body.messages)
+    following = _Following(submission, read, follower)
     return await _complete(
-        body, chars, chat=True, services=services, principal=principal, request=request
+        body, chars, chat=True, following=following, principal=principal, request=request
     )
 
 
 @router.post("/completions", response_model=None, responses=_RESPONSES)
 async def completions(
-    body: CompletionBody, services: ServicesDep, principal: PrincipalDep, request: Request
+    body: CompletionBody,
+    submission: SubmissionDep,
+    read: ReadDep,
+    follower: FollowerDep,
+    principal: PrincipalDep,
+    request: Request,
 ) -> Response:
     """A text completion (OpenAI's shape), answered when it ends or streamed."""
+    following = _Following(submission, read, follower)
     return await _complete(
-        body, len(body.prompt), chat=False, services=services, principal=principal, request=request
+        body,
+        len(body.prompt),
+        chat=False,
+        following=following,
+        principal=principal,
+        request=request,
     )
+
+
+class _Following(NamedTuple):
+    submission: Submission
+    read: Reads
+    follower: TokenFollower
 
 
 async def _complete(
@@ -63,27 +86,28 @@ async def _complete(
     prompt_chars: int,
     *,
     chat: bool,
-    services: Services,
+    following: _Following,
     principal: Principal,
     request: Request,
 ) -> Response:
-    spec = await checked(services, body.model, prompt_chars, functools.partial(_spec, body))
-    job = await submit(services, principal, spec)
+    submission = following.submission
+    spec = await submission.checked(body.model, prompt_chars, functools.partial(_spec, body))
+    job = await submission.submit(principal, spec)
     headers = {JOB_ID_HEADER: job.id}
     scope = principal.scope
 
     async def read(job_id: str) -> Job:
-        return await services.read((job_id, scope))
+        return await following.read((job_id, scope))
 
     if body.stream:
-        followed = services.follower.follow(job, read=read, stored=holds_output(job, chat=chat))
+        followed = following.follower.follow(job, read=read, stored=holds_output(job, chat=chat))
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         chunks = openai_chunks(
             followed, job=job, chat=chat, model=job.model, include_usage=include_usage
         )
-        hangup = functools.partial(cancel_abandoned, services, job.id, scope=scope)
+        hangup = functools.partial(submission.cancel_abandoned, job.id, scope=scope)
         return event_stream(chunks, on_hangup=hangup, headers=headers)
-    job = await until_ended(job, read=read, services=services, request=request, scope=scope)
+    job = await submission.until_ended(job, read=read, request=request, scope=scope)
     return JSONResponse(_completion(job, chat=chat), headers=headers)
 
 
@@ -96,14 +120,9 @@ def _spec(body: ChatBody | CompletionBody, model: CatalogModel) -> JobSpec:
 
 def _completion(job: Job, *, chat: bool) -> dict[str, Any]:
     """The completion an ended job answers with; a cancelled or failed one raises."""
-    if job.status is JobStatus.CANCELLED:
-        raise InvalidState(f"the request was cancelled (job {job.id})")
-    if job.status is JobStatus.FAILED or job.result is None:
-        error = job.error
-        raise JobFailed(
-            error.message if error else f"job {job.id} failed",
-            code=error.code if error else "failed",
-        )
+    if error := ended_error(job.id, job.status, job.error):
+        raise error
+    assert job.result is not None, "a succeeded job has its result"
     return completion_body(
         job_id=job.id,
         chat=chat,

@@ -13,12 +13,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from api.deps import PrincipalDep, ServicesDep
-from api.errors import error_responses
-from api.submission import checked, submit, until_ended
+from api.deps import PrincipalDep, ReadDep, SubmissionDep
+from api.errors import ended_error, error_responses
 from inferq.constants import JOB_ID_HEADER
-from inferq.domain.jobs import Job, JobStatus
-from inferq.exceptions import InvalidState, JobFailed
+from inferq.domain.jobs import Job
 from inferq.wire.embeddings import EmbeddingBody, embedding_body, embedding_spec
 
 router = APIRouter(prefix="/v1", tags=["embeddings"], responses=error_responses(401, 429, 503))
@@ -35,32 +33,32 @@ _RESPONSES = {
 
 @router.post("/embeddings", response_model=None, responses=_RESPONSES)
 async def embeddings(
-    body: EmbeddingBody, services: ServicesDep, principal: PrincipalDep, request: Request
+    body: EmbeddingBody,
+    submission: SubmissionDep,
+    reads: ReadDep,
+    principal: PrincipalDep,
+    request: Request,
 ) -> JSONResponse:
     """Embeddings of texts or token ids (OpenAI's shape), answered when they are ready."""
     build = functools.partial(embedding_spec, body)
-    spec = await checked(services, body.model, body.size, build, runner="pooling")
-    job = await submit(services, principal, spec)
+    spec = await submission.checked(body.model, body.size, build, runner="pooling")
+    job = await submission.submit(principal, spec)
     scope = principal.scope
 
     async def read(job_id: str) -> Job:
-        return await services.read((job_id, scope))
+        return await reads((job_id, scope))
 
-    job = await until_ended(job, read=read, services=services, request=request, scope=scope)
+    job = await submission.until_ended(job, read=read, request=request, scope=scope)
     return JSONResponse(_embeddings(job), headers={JOB_ID_HEADER: job.id})
 
 
 def _embeddings(job: Job) -> dict[str, Any]:
     """The vectors an ended job answers with; a cancelled or failed one raises."""
-    if job.status is JobStatus.CANCELLED:
-        raise InvalidState(f"the request was cancelled (job {job.id})")
+    if error := ended_error(job.id, job.status, job.error):
+        raise error
     result = job.result
-    if job.status is JobStatus.FAILED or result is None or result.embedding is None:
-        error = job.error
-        raise JobFailed(
-            error.message if error else f"job {job.id} failed",
-            code=error.code if error else "failed",
-        )
+    assert result is not None, "a succeeded job has its result"
+    assert result.embedding is not None, "a pooling job's result is its embedding"
     return embedding_body(
         model=job.model,
         embedding=result.embedding,

@@ -8,8 +8,8 @@ from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 
-from api.batch_schemas import FileDeleted, FileList, FilePublic, expiry_s
-from api.deps import PrincipalDep, ServicesDep
+from api.batch_schemas import FileDeleted, FileList, FilePublic
+from api.deps import FileOpsDep, PrincipalDep
 from api.errors import error_responses
 from inferq.domain.batches import FilePurpose
 from inferq.exceptions import InvalidRequest
@@ -21,7 +21,7 @@ router = APIRouter(prefix="/v1/files", tags=["files"], responses=error_responses
 
 @router.post("", response_model=FilePublic, responses=error_responses(413, 422))
 def upload_file(
-    services: ServicesDep,
+    files: FileOpsDep,
     principal: PrincipalDep,
     file: Annotated[UploadFile, File(description="JSONL in OpenAI's Batch input format.")],
     purpose: Annotated[str, Form(description="Must be 'batch'.")],
@@ -40,15 +40,12 @@ def upload_file(
     """Upload a batch input file (UTF-8 JSONL)."""
     if purpose != FilePurpose.BATCH.value:
         raise InvalidRequest(f"purpose must be 'batch', not {purpose!r}", param="purpose")
-    stored = services.files.upload(
+    expires = _expires_after(anchor, seconds)
+    stored = files.upload(
         tenant=principal.tenant,
-        purpose=FilePurpose.BATCH,
         filename=file.filename or "upload.jsonl",
         chunks=iter(lambda: file.file.read(CHUNK_BYTES), b""),
-        max_bytes=services.settings.max_file_bytes,
-        expires_after_s=expiry_s(
-            _expires_after(anchor, seconds), services.settings.job_retention_s
-        ),
+        expires_after_s=None if expires is None else expires.seconds,
     )
     return FilePublic.from_file(stored)
 
@@ -71,21 +68,21 @@ def _expires_after(anchor: str | None, seconds: str | None) -> ExpiresAfter | No
 
 @router.get("", response_model=FileList, responses=error_responses(422))
 def list_files(
-    services: ServicesDep,
+    files: FileOpsDep,
     principal: PrincipalDep,
     purpose: Annotated[FilePurpose | None, Query()] = None,
     after: Annotated[str | None, Query(description="The `last_id` of the previous page.")] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 20,
 ) -> FileList:
     """Files, newest first."""
-    page = services.files.page(scope=principal.scope, purpose=purpose, after=after, limit=limit)
+    page = files.page(scope=principal.scope, purpose=purpose, after=after, limit=limit)
     return FileList.of(page, FilePublic.from_file)
 
 
 @router.get("/{file_id}", response_model=FilePublic, responses=error_responses(404))
-def get_file(file_id: str, services: ServicesDep, principal: PrincipalDep) -> FilePublic:
+def get_file(file_id: str, files: FileOpsDep, principal: PrincipalDep) -> FilePublic:
     """A file's details."""
-    return FilePublic.from_file(services.files.get(file_id, scope=principal.scope))
+    return FilePublic.from_file(files.get(file_id, scope=principal.scope))
 
 
 @router.get(
@@ -96,19 +93,19 @@ def get_file(file_id: str, services: ServicesDep, principal: PrincipalDep) -> Fi
         **error_responses(404),
     },
 )
-def file_content(file_id: str, services: ServicesDep, principal: PrincipalDep) -> StreamingResponse:
+def file_content(file_id: str, files: FileOpsDep, principal: PrincipalDep) -> StreamingResponse:
     """A file's content, streamed; a batch's output and error files are made from its
     results, in input order."""
-    file = services.files.get(file_id, scope=principal.scope)
+    file = files.get(file_id, scope=principal.scope)
     return StreamingResponse(
-        services.batch_ops.content(file),
+        files.content(file),
         media_type="application/octet-stream",
         headers={"Content-Disposition": f'attachment; filename="{file.filename}"'},
     )
 
 
 @router.delete("/{file_id}", response_model=FileDeleted, responses=error_responses(404))
-def delete_file(file_id: str, services: ServicesDep, principal: PrincipalDep) -> FileDeleted:
+def delete_file(file_id: str, files: FileOpsDep, principal: PrincipalDep) -> FileDeleted:
     """Delete a file. Batches made from it keep their lines and results."""
-    file = services.files.delete(file_id, scope=principal.scope)
+    file = files.delete(file_id, scope=principal.scope)
     return FileDeleted(id=file.id)

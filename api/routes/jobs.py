@@ -11,12 +11,20 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import PrincipalDep, ServicesDep
+from api.deps import (
+    FollowerDep,
+    IdempotencyDep,
+    JobOpsDep,
+    PrincipalDep,
+    ReadDep,
+    SettingsDep,
+    SubmissionDep,
+    WaiterDep,
+)
 from api.errors import error_responses
-from api.idempotency import IdempotencyKey, idempotent
+from api.idempotency import IdempotencyKey
 from api.schemas import JobCreate, JobList
 from api.streams import event_stream, job_deltas
-from api.submission import checked, checked_webhook, submit
 from inferq.domain.jobs import Job, JobSpec, JobStatus
 from inferq.store.idempotency import IdempotentRequest
 from inferq.wire.model_catalog import CatalogModel
@@ -30,23 +38,23 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(4
 )
 async def create_job(
     body: JobCreate,
-    services: ServicesDep,
+    submission: SubmissionDep,
+    idempotency: IdempotencyDep,
     principal: PrincipalDep,
     response: Response,
     idempotency_key: IdempotencyKey = None,
 ) -> JobPublic | JSONResponse:
     """Submit a generation job; poll its `url` for the result."""
-    spec = await checked(services, body.model, _prompt_chars(body), functools.partial(_spec, body))
-    webhook = await checked_webhook(services, body.webhook_url, body.webhook_events)
+    build = functools.partial(_spec, body)
+    spec = await submission.checked(body.model, _prompt_chars(body), build)
+    webhook = await submission.checked_webhook(body.webhook_url, body.webhook_events)
 
     async def create(request: IdempotentRequest | None) -> JobPublic:
-        job = await submit(services, principal, spec, webhook=webhook, idempotency=request)
+        job = await submission.submit(principal, spec, webhook=webhook, idempotency=request)
         response.headers["Location"] = f"/v1/jobs/{job.id}"
         return JobPublic.from_job(job)
 
-    return await idempotent(
-        idempotency_key, body=body, services=services, principal=principal, run=create
-    )
+    return await idempotency.run(idempotency_key, body=body, principal=principal, run=create)
 
 
 def _spec(body: JobCreate, model: CatalogModel) -> JobSpec:
@@ -69,7 +77,9 @@ def _prompt_chars(body: JobCreate) -> int:
 @router.get("/{job_id}", response_model=JobPublic, responses=error_responses(404, 422))
 async def get_job(
     job_id: str,
-    services: ServicesDep,
+    reads: ReadDep,
+    waiter: WaiterDep,
+    settings: SettingsDep,
     principal: PrincipalDep,
     wait: Annotated[
         float,
@@ -83,14 +93,12 @@ async def get_job(
     """A job's state and, once it has ended, its result or error."""
     read = (job_id, principal.scope)
     if wait <= 0:
-        return JobPublic.from_job(await services.read(read))
+        return JobPublic.from_job(await reads(read))
 
     async def reread(_: str) -> Job:
-        return await services.read(read)
+        return await reads(read)
 
-    job = await services.waiter.until_ended(
-        job_id, reread, timeout_s=min(wait, services.settings.max_wait_s)
-    )
+    job = await waiter.until_ended(job_id, reread, timeout_s=min(wait, settings.max_wait_s))
     return JobPublic.from_job(job)
 
 
@@ -102,21 +110,23 @@ async def get_job(
         **error_responses(404),
     },
 )
-async def stream_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> Response:
+async def stream_job(
+    job_id: str, reads: ReadDep, follower: FollowerDep, principal: PrincipalDep
+) -> Response:
     """Follow a job live (SSE): its output so far, each new piece as it is generated
     (`job.delta` events), then the job as stored, then `[DONE]`."""
-    job = await services.read((job_id, principal.scope))
+    job = await reads((job_id, principal.scope))
 
     async def read(job_id: str) -> Job:
-        return await services.read((job_id, principal.scope))
+        return await reads((job_id, principal.scope))
 
-    followed = services.follower.follow(job, read=read, stored=True)
+    followed = follower.follow(job, read=read, stored=True)
     return event_stream(job_deltas(followed, job=job))
 
 
 @router.get("", response_model=JobList, responses=error_responses(422))
 async def list_jobs(
-    services: ServicesDep,
+    jobs: JobOpsDep,
     principal: PrincipalDep,
     status: Annotated[JobStatus | None, Query(description="Only jobs in this state.")] = None,
     batch_id: Annotated[str | None, Query(description="Only the lines of this batch.")] = None,
@@ -126,7 +136,7 @@ async def list_jobs(
     """Jobs, newest first, a page at a time."""
     page = await run_in_threadpool(
         functools.partial(
-            services.job_ops.list,
+            jobs.list,
             scope=principal.scope,
             status=status,
             batch_id=batch_id,
@@ -138,9 +148,7 @@ async def list_jobs(
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, responses=error_responses(404, 409))
-async def cancel_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> JobPublic:
+async def cancel_job(job_id: str, jobs: JobOpsDep, principal: PrincipalDep) -> JobPublic:
     """Cancel a job that has not finished; a running one is aborted in the engine."""
-    job = await run_in_threadpool(
-        functools.partial(services.job_ops.cancel, job_id, scope=principal.scope)
-    )
+    job = await run_in_threadpool(functools.partial(jobs.cancel, job_id, scope=principal.scope))
     return JobPublic.from_job(job)

@@ -8,7 +8,7 @@ from typing import Literal
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 
-from api.deps import ServicesDep, current_principal
+from api.deps import CatalogDep, current_principal
 from api.errors import error_responses
 from inferq.domain.served_models import ServedModel
 from inferq.exceptions import ModelNotFound
@@ -48,15 +48,15 @@ class ModelList(BaseModel):
 
 
 @router.get("", response_model=ModelList)
-def list_models(services: ServicesDep) -> ModelList:
+def list_models(catalog: CatalogDep) -> ModelList:
     """Every model workers registered (use an id as `model`)."""
-    return ModelList(data=[ModelPublic.from_model(m) for m in services.models.models()])
+    return ModelList(data=[ModelPublic.from_model(m) for m in catalog.models()])
 
 
 @router.get("/{model_id:path}", response_model=ModelPublic, responses=error_responses(404))
-def get_model(model_id: str, services: ServicesDep) -> ModelPublic:
+def get_model(model_id: str, catalog: CatalogDep) -> ModelPublic:
     """One registered model."""
-    for model in services.models.models():
+    for model in catalog.models():
         if model.name == model_id:
             return ModelPublic.from_model(model)
     raise ModelNotFound(f"model {model_id!r} is not served here")

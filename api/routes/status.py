@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
-from api.deps import ServicesDep, current_principal
+from api.deps import CatalogDep, QueuesDep, WorkersDep, current_principal
 from api.errors import error_responses
 
 router = APIRouter(tags=["status"])
@@ -50,12 +50,12 @@ class Status(BaseModel):
     responses=error_responses(401, 429, 503),
     dependencies=[Depends(current_principal)],
 )
-def status(services: ServicesDep) -> Status:
+def status(catalog: CatalogDep, queues: QueuesDep, registry: WorkersDep) -> Status:
     """Queue depths, the GPU workers online, and throughput over the last minute."""
-    workers = services.workers.online()
-    models = services.models.models()
+    workers = registry.online()
+    models = catalog.models()
     return Status(
-        queues=services.queues.depths(sorted({m.base for m in models})),
+        queues=queues.depths(sorted({m.base for m in models})),
         models=[
             ModelStatus(
                 name=m.name,

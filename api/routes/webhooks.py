@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from api.deps import PrincipalDep, ServicesDep
+from api.deps import PrincipalDep, WebhookOpsDep
 from api.errors import error_responses
-from api.submission import webhook_request
 from api.webhook_schemas import (
     DeliveryList,
     DeliveryPublic,
@@ -19,26 +17,24 @@ from api.webhook_schemas import (
     EndpointPublic,
 )
 from inferq.domain.webhooks import DeliveryState
-from inferq.exceptions import BrokerUnavailable
 
 router = APIRouter(tags=["webhooks"], responses=error_responses(401, 429, 503))
 
 
 @router.post("/v1/webhook-endpoints", response_model=EndpointPublic, responses=error_responses(422))
 def create_endpoint(
-    body: EndpointCreate, services: ServicesDep, principal: PrincipalDep
+    body: EndpointCreate, webhooks: WebhookOpsDep, principal: PrincipalDep
 ) -> EndpointPublic:
     """Register a receiver ahead of use and get its secret (submitting a job or batch with
     a new `webhook_url` registers it too). Registering a known URL returns it as it is."""
-    webhook_request(services, body.url, None)
-    endpoint = services.webhooks.register(tenant=principal.tenant, url=body.url)
+    endpoint = webhooks.register(tenant=principal.tenant, url=body.url)
     return EndpointPublic.from_endpoint(endpoint)
 
 
 @router.get("/v1/webhook-endpoints", response_model=EndpointList)
-def list_endpoints(services: ServicesDep, principal: PrincipalDep) -> EndpointList:
+def list_endpoints(webhooks: WebhookOpsDep, principal: PrincipalDep) -> EndpointList:
     """This tenant's receivers, with their secrets."""
-    return EndpointList.of(services.webhooks.endpoints(scope=principal.scope))
+    return EndpointList.of(webhooks.endpoints(scope=principal.scope))
 
 
 @router.post(
@@ -47,15 +43,11 @@ def list_endpoints(services: ServicesDep, principal: PrincipalDep) -> EndpointLi
     responses=error_responses(404),
 )
 def rotate_secret(
-    endpoint_id: str, services: ServicesDep, principal: PrincipalDep
+    endpoint_id: str, webhooks: WebhookOpsDep, principal: PrincipalDep
 ) -> EndpointPublic:
     """A new secret. Until `previous_secret_expires_at`, webhooks carry signatures by both,
     so receivers can switch over without missing one."""
-    endpoint = services.webhooks.rotate(
-        endpoint_id,
-        scope=principal.scope,
-        overlap_s=services.settings.webhook_secret_overlap_s,
-    )
+    endpoint = webhooks.rotate(endpoint_id, scope=principal.scope)
     return EndpointPublic.from_endpoint(endpoint)
 
 
@@ -65,16 +57,15 @@ def rotate_secret(
     responses=error_responses(404),
 )
 def enable_endpoint(
-    endpoint_id: str, services: ServicesDep, principal: PrincipalDep
+    endpoint_id: str, webhooks: WebhookOpsDep, principal: PrincipalDep
 ) -> EndpointList:
     """Enable a receiver that was disabled (it answered 410 Gone)."""
-    services.webhooks.set_enabled(endpoint_id, scope=principal.scope, reason=None)
-    return EndpointList.of(services.webhooks.endpoints(scope=principal.scope))
+    return EndpointList.of(webhooks.enable(endpoint_id, scope=principal.scope))
 
 
 @router.get("/v1/webhook-deliveries", response_model=DeliveryList)
 def list_deliveries(
-    services: ServicesDep,
+    webhooks: WebhookOpsDep,
     principal: PrincipalDep,
     job_id: str | None = None,
     batch_id: str | None = None,
@@ -83,7 +74,7 @@ def list_deliveries(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> DeliveryList:
     """Deliveries, newest first, each with every attempt (status code, latency, error)."""
-    page = services.webhooks.page(
+    page = webhooks.page(
         scope=principal.scope,
         job_id=job_id,
         batch_id=batch_id,
@@ -100,9 +91,9 @@ def list_deliveries(
     responses=error_responses(404),
 )
 def get_delivery(
-    delivery_id: str, services: ServicesDep, principal: PrincipalDep
+    delivery_id: str, webhooks: WebhookOpsDep, principal: PrincipalDep
 ) -> DeliveryPublic:
-    return DeliveryPublic.from_delivery(services.webhooks.get(delivery_id, scope=principal.scope))
+    return DeliveryPublic.from_delivery(webhooks.get(delivery_id, scope=principal.scope))
 
 
 @router.post(
@@ -112,10 +103,8 @@ def get_delivery(
     responses=error_responses(404, 409),
 )
 def replay_delivery(
-    delivery_id: str, services: ServicesDep, principal: PrincipalDep
+    delivery_id: str, webhooks: WebhookOpsDep, principal: PrincipalDep
 ) -> DeliveryPublic:
     """Send a delivery again now, with the same `webhook-id` (receivers de-duplicate by it)."""
-    delivery = services.webhooks.replay(delivery_id, scope=principal.scope)
-    with contextlib.suppress(BrokerUnavailable):  # maintenance finds it due anyway
-        services.publisher.publish_webhooks()
+    delivery = webhooks.replay(delivery_id, scope=principal.scope)
     return DeliveryPublic.from_delivery(delivery)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 from celery import Celery
 from kombu import Exchange, Queue
@@ -21,7 +21,6 @@ from inferq.constants import (
 )
 from inferq.domain.queue_names import gpu_queues
 from inferq.exceptions import BrokerUnavailable
-from inferq.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +38,28 @@ def _queue(name: str) -> Queue:
     return Queue(name, _DEFAULT_EXCHANGE, routing_key=name)
 
 
-def make_celery(settings: Settings, *, name: str = "inferq", serving: str | None = None) -> Celery:
+class BrokerSettings(Protocol):
+    """What the Celery app is made from: `inferq.settings.ConnectionSettings` has it."""
+
+    @property
+    def redis_url(self) -> str: ...
+    @property
+    def redis_key_prefix(self) -> str: ...
+    @property
+    def visibility_timeout_s(self) -> int: ...
+
+
+class PublisherSettings(BrokerSettings, Protocol):
+    """What a publisher is made from: the broker's settings and the worker's chunk size
+    (`inferq.settings.Settings` has both)."""
+
+    @property
+    def effective_bulk_chunk_size(self) -> int: ...
+
+
+def make_celery(
+    settings: BrokerSettings, *, name: str = "inferq", serving: str | None = None
+) -> Celery:
     """The Celery app; a GPU worker's (`serving` its model) declares its model's queues."""
     app = Celery(name, broker=settings.redis_url, set_as_current=False)
     model_queues = () if serving is None else gpu_queues(serving)
@@ -94,7 +114,7 @@ class JobPublisher:
         self._bulk_chunk_size = bulk_chunk_size
 
     @classmethod
-    def from_settings(cls, settings: Settings, app: Celery | None = None) -> JobPublisher:
+    def from_settings(cls, settings: PublisherSettings, app: Celery | None = None) -> JobPublisher:
         """A publisher on `app` (a new Celery app if None) with the configured chunk size."""
         return cls(app or make_celery(settings), bulk_chunk_size=settings.effective_bulk_chunk_size)
 

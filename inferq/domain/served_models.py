@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from inferq.settings import Settings
+from inferq.settings import EngineSettings
 
 Runner = Literal["generate", "pooling"]
 
@@ -38,7 +38,7 @@ class ServedModel:
 
 
 def served_by(
-    settings: Settings,
+    settings: EngineSettings,
     *,
     max_model_len: int | None = None,
     chat_template: str | None = None,

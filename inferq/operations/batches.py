@@ -1,35 +1,30 @@
-"""What can be done to a batch: create it from a file, read and list, cancel it, expire
-it, finalize it, and read its files. Used by the API, the maintenance worker and
-`inferq run`."""
+"""What can be done to a batch: create it from a file, read, list and cancel it (the API
+and `inferq run`: `BatchOperations`); expire it when its window ends (maintenance:
+`BatchLifecycle`). Its output files are made in `inferq/operations/batch_output.py`."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import logging
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Sequence
+from typing import Protocol
 
-from inferq.broker.celery_app import JobPublisher
-from inferq.broker.events import JobEvents
 from inferq.domain.batches import (
     Batch,
     FilePurpose,
     LineError,
-    ResultRow,
-    StoredFile,
     parse_completion_window,
 )
-from inferq.domain.jobs import JobStatus
 from inferq.domain.webhooks import WebhookRequest
 from inferq.exceptions import BrokerUnavailable, InvalidRequest, NotFound
+from inferq.operations.batch_output import BatchOutput
 from inferq.store.base import Page
 from inferq.store.batch_rows import NewBatch
 from inferq.store.batches import BatchStore, Respond
-from inferq.store.files import FileSize, FileStore
+from inferq.store.files import FileStore
 from inferq.store.idempotency import IdempotentRequest
 from inferq.wire.batch_lines import BatchLineReader, LineSpec
-from inferq.wire.batch_output import render
 from inferq.wire.model_catalog import ModelCatalog
 from inferq.wire.public import batch_json
 
@@ -38,14 +33,17 @@ log = logging.getLogger(__name__)
 MAX_LISTED_ERRORS = 100
 
 
-@dataclass(frozen=True, kw_only=True)
-class PartialOutput:
-    """Rendered `lines` of a batch that have ended since a cursor; every line up to
-    `cursor` has ended and is covered (ask again after it); `ended`: so has every line."""
+class BatchPublisher(Protocol):
+    """Where a batch's lines and its finalizing are published (`JobPublisher`)."""
 
-    cursor: int
-    ended: bool
-    lines: Iterator[bytes]
+    def publish_bulk(self, job_ids: Sequence[str], *, queue: str) -> None: ...
+    def publish_finalize(self, batch_id: str) -> None: ...
+
+
+class CancelledJobs(Protocol):
+    """Who is told that running jobs were cancelled (`JobEvents`: their workers abort them)."""
+
+    def cancelled(self, job_ids: Sequence[str]) -> None: ...
 
 
 class BatchOperations:
@@ -54,9 +52,10 @@ class BatchOperations:
         *,
         files: FileStore,
         batches: BatchStore,
-        models: ModelCatalog | None,
-        publisher: JobPublisher | None,
-        events: JobEvents | None,
+        models: ModelCatalog,
+        publisher: BatchPublisher,
+        events: CancelledJobs,
+        output: BatchOutput,
         max_lines: int,
         requeue_after_s: int,
         respond: Respond = batch_json,
@@ -68,6 +67,7 @@ class BatchOperations:
         self._models = models
         self._publisher = publisher
         self._events = events
+        self._output = output
         self._max_lines = max_lines
         self._requeue_after_s = requeue_after_s
         self._respond = respond
@@ -89,7 +89,6 @@ class BatchOperations:
         the refused lines listed. Nothing is half-written either way; the response to a
         request with an idempotency key is remembered with what it wrote. Once it ends,
         its lines, results and files are kept `output_expires_after_s` (None: kept)."""
-        assert self._models is not None, "creating batches needs the served models"
         window = parse_completion_window(completion_window)
         try:
             source = self.files.get(input_file_id, scope=tenant)
@@ -161,68 +160,7 @@ class BatchOperations:
         self._after_stop(batch.id, running)
         return self.batches.get(batch.id)
 
-    def expire_due(self) -> list[str]:
-        """Expire batches past their completion window; return their ids."""
-        expired = []
-        for batch_id in self.batches.expired():
-            _, running = self.batches.stop(
-                batch_id,
-                code="batch_expired",
-                message="the batch expired before this line ran",
-            )
-            self._after_stop(batch_id, running)
-            expired.append(batch_id)
-        return expired
-
-    def finalize(self, batch_id: str) -> Batch | None:
-        """If every line has ended: make the output and error files and end the batch."""
-        batch = self.batches.start_finalizing(batch_id)
-        if batch is None:
-            return None
-        return self.batches.finish_finalizing(
-            batch_id,
-            output=_measure(self._rendered(batch, errors=False)),
-            errors=_measure(self._rendered(batch, errors=True)),
-        )
-
-    def content(self, file: StoredFile) -> Iterator[bytes]:
-        """A file's bytes, streamed: stored chunks, or a batch's results rendered now."""
-        if file.purpose is FilePurpose.BATCH or file.batch_id is None:
-            return self.files.chunks(file.id)
-        batch = self.batches.get(file.batch_id)
-        return self._rendered(batch, errors=file.id == batch.error_file_id)
-
-    def partial_output(self, batch: Batch, *, after: int, include_errors: bool) -> PartialOutput:
-        """The lines numbered after `after` that have ended, up to the first still queued
-        or running, rendered as in the batch's output file (and, with `include_errors`,
-        its error file, interleaved in input order). Lines never come back to queued once
-        ended, so going on from the cursor neither misses nor repeats one."""
-        first_active = self.batches.first_active_line(batch.id)
-        if first_active is None:
-            cursor = max(after, self.batches.last_line(batch.id) or 0)
-        else:
-            cursor = max(after, first_active - 1)
-        rows = self.batches.results(
-            batch.id, errors=None if include_errors else False, after=after, before=first_active
-        )
-        return PartialOutput(
-            cursor=cursor,
-            ended=first_active is None,
-            lines=_interleaved(rows, endpoint=batch.endpoint),
-        )
-
-    def _rendered(self, batch: Batch, *, errors: bool) -> Iterator[bytes]:
-        """The batch's output file (or, with `errors`, its error file), made from its
-        results."""
-        return render(
-            self.batches.results(batch.id, errors=errors),
-            errors=errors,
-            endpoint=batch.endpoint,
-        )
-
     def _publish(self, batch: Batch) -> None:
-        if self._publisher is None:
-            return
         try:
             for queue, job_ids in self.batches.queued_by_queue(batch.id):
                 self._publisher.publish_bulk(job_ids, queue=queue)
@@ -231,26 +169,69 @@ class BatchOperations:
             log.warning("batch %s is stored but not all published: %s", batch.id, exc.message)
 
     def _after_stop(self, batch_id: str, running: list[str]) -> None:
-        if self._events is not None:
-            self._events.cancelled(running)
-        if self._publisher is not None:
-            try:
-                self._publisher.publish_finalize(batch_id)
-                return
-            except BrokerUnavailable:
-                pass  # maintenance's sweep finalizes it
-        self.finalize(batch_id)
+        _stopped(
+            batch_id, running, publisher=self._publisher, events=self._events, output=self._output
+        )
 
 
-def _interleaved(rows: Iterable[ResultRow], *, endpoint: str) -> Iterator[bytes]:
-    """Succeeded lines as in an output file, the others as in an error file."""
-    for failed, run in itertools.groupby(rows, key=lambda row: row.status != JobStatus.SUCCEEDED):
-        yield from render(run, errors=failed, endpoint=endpoint)
+class BatchLifecycle:
+    """What happens to batches with nobody asking: they are finalized once every line has
+    ended, and expire at the end of their window."""
+
+    def __init__(
+        self,
+        *,
+        batches: BatchStore,
+        publisher: BatchPublisher,
+        events: CancelledJobs,
+        output: BatchOutput,
+    ) -> None:
+        self._batches = batches
+        self._publisher = publisher
+        self._events = events
+        self._output = output
+
+    def finalize(self, batch_id: str) -> Batch | None:
+        """If every line has ended: make the output and error files and end the batch."""
+        return self._output.finalize(batch_id)
+
+    def finalize_finished(self) -> None:
+        """Finalize every batch whose last line has ended but which nobody finalized (its
+        finalize task was lost)."""
+        for batch_id in self._batches.finished():
+            self._output.finalize(batch_id)
+
+    def expire_due(self) -> list[str]:
+        """Expire batches past their completion window; return their ids."""
+        expired = []
+        for batch_id in self._batches.expired():
+            _, running = self._batches.stop(
+                batch_id,
+                code="batch_expired",
+                message="the batch expired before this line ran",
+            )
+            _stopped(
+                batch_id,
+                running,
+                publisher=self._publisher,
+                events=self._events,
+                output=self._output,
+            )
+            expired.append(batch_id)
+        return expired
 
 
-def _measure(chunks: Iterator[bytes]) -> FileSize:
-    size = lines = 0
-    for chunk in chunks:
-        size += len(chunk)
-        lines += 1
-    return FileSize(size, lines)
+def _stopped(
+    batch_id: str,
+    running: list[str],
+    *,
+    publisher: BatchPublisher,
+    events: CancelledJobs,
+    output: BatchOutput,
+) -> None:
+    """After a batch was stopped: abort its running lines, and have it finalized."""
+    events.cancelled(running)
+    try:
+        publisher.publish_finalize(batch_id)
+    except BrokerUnavailable:
+        output.finalize(batch_id)  # here and now, rather than at maintenance's next sweep

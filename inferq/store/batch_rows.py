@@ -1,11 +1,14 @@
 """Batch rows and the domain, both ways: what a new batch asks for and its row, the batch
-read back from its row, and a line's result read back from its job."""
+read back from its row (if its tenant may still see it), and a line's result read back
+from its job."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+
+from sqlalchemy.orm import Session
 
 from inferq.domain.batches import (
     Batch,
@@ -17,7 +20,8 @@ from inferq.domain.batches import (
 )
 from inferq.domain.jobs import JobStatus
 from inferq.domain.webhooks import WebhookRequest
-from inferq.store.base import as_utc
+from inferq.exceptions import NotFound
+from inferq.store.base import as_utc, scoped_row
 from inferq.store.idempotency import IdempotentRequest
 from inferq.store.models import BatchRow, JobRow
 
@@ -73,6 +77,17 @@ def output_expiry(row: BatchRow, now: datetime) -> datetime | None:
     if row.output_expires_after_s is None:
         return None
     return now + timedelta(seconds=row.output_expires_after_s)
+
+
+def scoped_batch(
+    session: Session, batch_id: str, scope: str | None, now: datetime, *, for_update: bool = False
+) -> BatchRow:
+    """The batch's row, if it belongs to `scope` (a tenant; None sees every tenant) and its
+    output has not expired (retention deletes it soon)."""
+    row = scoped_row(session, BatchRow, batch_id, scope, noun="batch", for_update=for_update)
+    if row.output_expires_at is not None and as_utc(row.output_expires_at) <= now:
+        raise NotFound(f"no batch with id {batch_id!r}")
+    return row
 
 
 def batch_from_row(row: BatchRow) -> Batch:

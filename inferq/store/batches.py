@@ -1,4 +1,5 @@
-"""The batch store: every SQL statement about batches and their jobs."""
+"""The batch store: every SQL statement about batches and their jobs lives here or in
+`inferq.store.batch_endings` (stopping and finalizing), which it is built on."""
 
 from __future__ import annotations
 
@@ -6,21 +7,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import exists, func, insert, or_, select, update
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import func, insert, or_, select
+from sqlalchemy.orm import Session
 
-from inferq.domain.batches import (
-    BATCH_ID_PREFIX,
-    Batch,
-    BatchStatus,
-    LineError,
-    ResultRow,
-)
-from inferq.domain.jobs import ACTIVE_STATUSES, TERMINAL_STATUSES, JobStatus
+from inferq.domain.batches import BATCH_ID_PREFIX, Batch, BatchStatus, LineError, ResultRow
+from inferq.domain.jobs import TERMINAL_STATUSES, JobStatus
 from inferq.domain.queue_names import bulk_queue
-from inferq.exceptions import InvalidState, NotFound
 from inferq.ids import new_id
-from inferq.store.base import Page, Store, as_utc, newest_first, scoped_row, utcnow
+from inferq.store.base import Page, newest_first
+from inferq.store.batch_endings import BatchEndings
 from inferq.store.batch_rows import (
     RESULT_COLUMNS,
     NewBatch,
@@ -28,39 +23,25 @@ from inferq.store.batch_rows import (
     new_batch_row,
     output_expiry,
     result_row,
+    scoped_batch,
 )
 from inferq.store.bulk import insert_rows
-from inferq.store.files import FileSize, add_output_file
 from inferq.store.idempotency import record_response
-from inferq.store.job_rows import BatchPlace, new_job_row
+from inferq.store.job_rows import ACTIVE, BatchPlace, new_job_row
 from inferq.store.models import BatchRow, JobRow
-from inferq.store.outbox import enqueue_batch_event, ensure_endpoint, wake_delivery
+from inferq.store.outbox import enqueue_batch_event, ensure_endpoint
 from inferq.wire.batch_lines import LineSpec
 
 INSERT_EVERY = 1000
 PUBLISH_CHUNK = 4096
-_ACTIVE = [s.value for s in ACTIVE_STATUSES]
-_FINALIZABLE = [
-    BatchStatus.IN_PROGRESS.value,
-    BatchStatus.FINALIZING.value,
-    BatchStatus.CANCELLING.value,
-]
 
 # Renders a new batch as the body of its response, to remember for an idempotent request.
 Respond = Callable[[Batch], dict[str, Any]]
 
 
-class BatchStore(Store):
-    def __init__(
-        self,
-        sessions: sessionmaker[Session],
-        *,
-        clock: Callable[[], datetime] = utcnow,
-        on_webhooks: Callable[[], None] | None = None,
-    ) -> None:
-        """`on_webhooks`: as for `JobStore`, called after a commit that queued a delivery."""
-        super().__init__(sessions, clock=clock)
-        self._on_webhooks = on_webhooks
+class BatchStore(BatchEndings):
+    """Reads and writes batches: created, read and their lines listed here; stopped and
+    finalized in `BatchEndings`."""
 
     def create(
         self,
@@ -139,12 +120,12 @@ class BatchStore(Store):
             batch = batch_from_row(row)
             queued = enqueue_batch_event(session, row, now)
             _remember(session, new, batch, respond)
-        wake_delivery(self._on_webhooks, queued)
+        self._wake_delivery(queued)
         return batch
 
     def get(self, batch_id: str, *, scope: str | None = None) -> Batch:
         with self._transaction() as session:
-            return batch_from_row(_scoped(session, batch_id, scope, self._clock()))
+            return batch_from_row(scoped_batch(session, batch_id, scope, self._clock()))
 
     def page(self, *, scope: str | None, after: str | None = None, limit: int = 20) -> Page[Batch]:
         now = self._clock()
@@ -198,113 +179,12 @@ class BatchStore(Store):
             last = rows[-1].line
             yield list(rows)
 
-    def stop(
-        self, batch_id: str, *, scope: str | None = None, code: str, message: str
-    ) -> tuple[Batch, list[str]]:
-        """Cancel (or expire) a batch: every line not yet finished ends now with `code`.
-        Returns the batch and the ids of the lines a worker may hold, to abort them."""
-        now = self._clock()
-        with self._transaction() as session:
-            row = _scoped(session, batch_id, scope, now, for_update=True)
-            if row.status not in (BatchStatus.IN_PROGRESS.value, BatchStatus.VALIDATING.value):
-                raise InvalidState(
-                    f"batch {batch_id} is {row.status}: only a batch in progress can be stopped"
-                )
-            stopped = session.execute(
-                update(JobRow)
-                .where(JobRow.batch_id == batch_id, JobRow.status.in_(_ACTIVE))
-                .values(
-                    status=JobStatus.CANCELLED.value,
-                    finished_at=now,
-                    lease_expires_at=None,
-                    error={"code": code, "message": message},
-                )
-                .returning(JobRow.id, JobRow.attempts)
-                .execution_options(synchronize_session=False)
-            )
-            # Lines ever claimed may be held by a worker: a claim that commits while this
-            # update waits for its rows is seen here (a read before it would miss it). A
-            # line given back since is told too; no worker holds it, so none minds.
-            ended = stopped.all()
-            running = [job_id for job_id, attempts in ended if attempts > 0]
-            row.request_failed += len(ended)
-            if code == "batch_expired":
-                row.expired_at = now
-            else:
-                row.status, row.cancelling_at = BatchStatus.CANCELLING.value, now
-            return batch_from_row(row), running
-
-    def expired(self, *, limit: int = 100) -> list[str]:
-        """Batches in progress whose completion window has run out."""
-        with self._transaction() as session:
-            return list(
-                session.scalars(
-                    select(BatchRow.id)
-                    .where(
-                        BatchRow.status == BatchStatus.IN_PROGRESS.value,
-                        BatchRow.expired_at.is_(None),
-                        BatchRow.expires_at < self._clock(),
-                    )
-                    .limit(limit)
-                )
-            )
-
-    def finished(self, batch_ids: Sequence[str] | None = None) -> list[str]:
-        """Batches (of these, or any) whose lines have all ended but are not finalized."""
-        active = exists().where(JobRow.batch_id == BatchRow.id, JobRow.status.in_(_ACTIVE))
-        query = select(BatchRow.id).where(BatchRow.status.in_(_FINALIZABLE), ~active)
-        if batch_ids is not None:
-            query = query.where(BatchRow.id.in_(batch_ids))
-        with self._transaction() as session:
-            return list(session.scalars(query.limit(1000)))
-
-    def start_finalizing(self, batch_id: str) -> Batch | None:
-        """Mark a batch whose lines have all ended as finalizing; None if it is not ready
-        (lines still active) or already final."""
-        with self._transaction() as session:
-            row = session.get(BatchRow, batch_id, with_for_update=True)
-            if row is None or row.status not in _FINALIZABLE:
-                return None
-            active = session.scalar(
-                select(exists().where(JobRow.batch_id == batch_id, JobRow.status.in_(_ACTIVE)))
-            )
-            if active:
-                return None
-            if row.status == BatchStatus.IN_PROGRESS.value:
-                row.status = BatchStatus.FINALIZING.value
-            row.finalizing_at = row.finalizing_at or self._clock()
-            return batch_from_row(row)
-
-    def finish_finalizing(
-        self, batch_id: str, *, output: FileSize, errors: FileSize
-    ) -> Batch | None:
-        """Record the output and error files (of these sizes; an empty one is not made)
-        and end the batch: completed, cancelled or expired."""
-        now = self._clock()
-        with self._transaction() as session:
-            row = session.get(BatchRow, batch_id, with_for_update=True)
-            if row is None or row.status not in _FINALIZABLE:
-                return None
-            row.output_expires_at = output_expiry(row, now)
-            row.output_file_id = _result_file(session, row, "output", output, now)
-            row.error_file_id = _result_file(session, row, "errors", errors, now)
-            if row.status == BatchStatus.CANCELLING.value:
-                row.status, row.cancelled_at = BatchStatus.CANCELLED.value, now
-            elif row.expired_at is not None:
-                row.status = BatchStatus.EXPIRED.value
-            else:
-                row.status, row.completed_at = BatchStatus.COMPLETED.value, now
-            batch = batch_from_row(row)
-            queued = enqueue_batch_event(session, row, now)
-        wake_delivery(self._on_webhooks, queued)
-        return batch
-
     def first_active_line(self, batch_id: str) -> int | None:
         """The first line of the batch still queued or running; None once all have ended."""
         with self._transaction() as session:
             return session.scalar(
                 select(func.min(JobRow.line)).where(
-                    JobRow.batch_id == batch_id, JobRow.status.in_(_ACTIVE)
+                    JobRow.batch_id == batch_id, JobRow.status.in_(ACTIVE)
                 )
             )
 
@@ -341,16 +221,6 @@ class BatchStore(Store):
         with self._reading() as session:
             for row in session.execute(query):
                 yield result_row(row)
-
-
-def _scoped(
-    session: Session, batch_id: str, scope: str | None, now: datetime, *, for_update: bool = False
-) -> BatchRow:
-    """The batch, unless its output has expired (retention deletes it soon)."""
-    row = scoped_row(session, BatchRow, batch_id, scope, noun="batch", for_update=for_update)
-    if row.output_expires_at is not None and as_utc(row.output_expires_at) <= now:
-        raise NotFound(f"no batch with id {batch_id!r}")
-    return row
 
 
 class _LinesRefused(Exception):
@@ -390,19 +260,3 @@ def _remember(session: Session, new: NewBatch, batch: Batch, respond: Respond | 
     if new.idempotency is not None:
         assert respond is not None, "an idempotent batch needs `respond`"
         record_response(session, new.idempotency, status_code=200, body=respond(batch))
-
-
-def _result_file(
-    session: Session, row: BatchRow, kind: str, size: FileSize, now: datetime
-) -> str | None:
-    if not size.lines:
-        return None
-    return add_output_file(
-        session,
-        tenant=row.tenant,
-        batch_id=row.id,
-        filename=f"{row.id}_{kind}.jsonl",
-        size=size,
-        now=now,
-        expires_at=row.output_expires_at,
-    )

@@ -9,6 +9,7 @@ from typing import Any
 
 from inferq.constants import JOB_ID_PREFIX
 from inferq.domain.jobs import (
+    ACTIVE_STATUSES,
     Choice,
     ClaimedJob,
     Job,
@@ -24,6 +25,9 @@ from inferq.domain.jobs import (
 from inferq.ids import new_id
 from inferq.store.base import as_utc
 from inferq.store.models import JobRow
+
+# The stored statuses of a job that has not ended (queued or running).
+ACTIVE = [status.value for status in ACTIVE_STATUSES]
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """The webhook outbox: delivery rows written inside the transaction that ends a job or a
-batch, so a committed result always has its delivery and an uncommitted one never does."""
+batch, so a committed result always has its delivery and an uncommitted one never does; and
+`OutboxStore`, the base of the stores whose transactions do that (jobs, batches)."""
 
 from __future__ import annotations
 
@@ -11,24 +12,40 @@ from typing import Any
 
 from sqlalchemy import insert, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from inferq.domain.webhooks import DeliveryState, new_secret, wants
 from inferq.ids import new_id
+from inferq.store.base import Store, utcnow
 from inferq.store.models import JobRow, WebhookDeliveryRow, WebhookEndpointRow
 
 log = logging.getLogger(__name__)
 
 
-def wake_delivery(on_webhooks: Callable[[], None] | None, queued: int) -> None:
-    """After a commit that queued `queued` deliveries, wake the delivery worker. If that
-    fails, nothing is lost: maintenance finds due deliveries in Postgres."""
-    if not queued or on_webhooks is None:
-        return
-    try:
-        on_webhooks()
-    except Exception:
-        log.warning("could not wake the webhook worker", exc_info=True)
+class OutboxStore(Store):
+    """A store whose transactions end jobs or batches, and so may queue deliveries."""
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        *,
+        clock: Callable[[], datetime] = utcnow,
+        on_webhooks: Callable[[], None] | None = None,
+    ) -> None:
+        """`on_webhooks` is called after a commit that queued webhook deliveries (to wake
+        the delivery worker); if it fails, maintenance finds them anyway."""
+        super().__init__(sessions, clock=clock)
+        self._on_webhooks = on_webhooks
+
+    def _wake_delivery(self, queued: int) -> None:
+        """After a commit that queued `queued` deliveries, wake the delivery worker. If
+        that fails, nothing is lost: maintenance finds due deliveries in Postgres."""
+        if not queued or self._on_webhooks is None:
+            return
+        try:
+            self._on_webhooks()
+        except Exception:
+            log.warning("could not wake the webhook worker", exc_info=True)
 
 
 ENDPOINT_ID_PREFIX = "whe_"

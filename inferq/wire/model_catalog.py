@@ -13,7 +13,7 @@ from typing import Protocol
 
 from inferq.domain.served_models import Runner, ServedModel
 from inferq.exceptions import InvalidRequest, ModelNotFound, ModelUnavailable
-from inferq.settings import Settings
+from inferq.settings import ApiSettings
 from inferq.wire.prompts import PromptRenderer
 from inferq.wire.validation import JobValidator
 
@@ -45,7 +45,7 @@ class RequestLimits:
     max_tokens_cap: int
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> RequestLimits:
+    def from_settings(cls, settings: ApiSettings) -> RequestLimits:
         return cls(
             default_max_tokens=settings.default_max_tokens,
             max_n=settings.max_n,

@@ -65,15 +65,6 @@ class PromptRenderer:
         with self._lock:
             return self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
-    def completion(self, prompt: str) -> list[int]:
-        """Token ids of a raw prompt, with the BOS token the model expects."""
-        return self._encode(prompt, add_special_tokens=True)
-
-    def chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        """Token ids of chat messages rendered with the chat template, ready for the reply."""
-        # The template already holds the special tokens (BOS and the headers).
-        return self._encode(self.chat_text(messages), add_special_tokens=False)
-
     def chat_text(
         self, messages: Sequence[dict[str, Any]], *, tools: Sequence[dict[str, Any]] | None = None
     ) -> str:

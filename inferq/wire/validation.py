@@ -18,7 +18,6 @@ from pydantic import (
 
 from inferq.domain.jobs import MAX_PRIORITY, JobSpec, SamplingParams
 from inferq.exceptions import InvalidRequest
-from inferq.settings import Settings
 from inferq.wire.messages import ChatMessage
 from inferq.wire.prompts import PromptRenderer
 from inferq.wire.structured import OutputFields, OutputPlan, plan
@@ -156,17 +155,6 @@ class JobValidator:
         self._max_n = max_n
         self._max_tokens_cap = max_tokens_cap
         self._tool_call_parser = tool_call_parser
-
-    @classmethod
-    def from_settings(cls, renderer: PromptRenderer, settings: Settings) -> JobValidator:
-        return cls(
-            renderer,
-            model_name=settings.model_name,
-            default_max_tokens=settings.default_max_tokens,
-            max_n=settings.max_n,
-            max_tokens_cap=settings.max_tokens_cap,
-            tool_call_parser=settings.tool_call_parser,
-        )
 
     def spec(
         self,

@@ -26,9 +26,10 @@ def _bodies(count: int, tokens: int) -> list[dict[str, object]]:
 
 
 def test_a_request_that_kills_the_engine_fails_alone(deployment: DeploymentFactory) -> None:
-    # The fault hook: a request with this seed SIGKILLs vLLM's engine core when admitted.
-    deployed = deployment(INFERQ_FAULT_KILL_ENGINE_SEED=str(POISON_SEED))
-    worker = deployed.start_worker("gpu-a")
+    # The fault hook (tests/helpers/faulty_worker.py): a request with this seed SIGKILLs
+    # vLLM's engine core when admitted.
+    deployed = deployment()
+    worker = deployed.start_worker("gpu-a", kill_engine_seed=POISON_SEED)
     pid = worker.pid
     neighbours = deployed.submit(_bodies(8, 300))
     [poison] = deployed.submit(

@@ -58,7 +58,7 @@ def test_sigkill_with_200_jobs_in_flight_loses_nothing(deployment: DeploymentFac
         received = hooks.wait_until(
             "/done", lambda got: {_job_id(r) for r in got} >= set(ids), timeout_s=120
         )
-        with deployed.store._sessions() as session:
+        with deployed.sessions() as session:
             rows = session.execute(
                 select(WebhookDeliveryRow.job_id, WebhookDeliveryRow.id).where(
                     WebhookDeliveryRow.job_id.in_(ids)
@@ -131,7 +131,7 @@ def test_two_workers_share_a_queue_and_one_takes_over_from_the_other(
     jobs = deployed.wait_all_ended(ids)
     assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 200
     assert all(j.attempts == 1 for j in jobs)  # each ran exactly once
-    with deployed.store._sessions() as session:
+    with deployed.sessions() as session:
         workers = Counter(session.scalars(select(JobRow.worker).where(JobRow.id.in_(ids))))
     assert set(workers) == {"gpu-a@test", "gpu-b@test"}
 
@@ -151,7 +151,7 @@ def test_two_workers_share_a_queue_and_one_takes_over_from_the_other(
     second.kill_group()
     jobs = deployed.wait_all_ended(more)
     assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 150
-    with deployed.store._sessions() as session:
+    with deployed.sessions() as session:
         retried = session.scalars(
             select(JobRow.worker).where(JobRow.id.in_(more), JobRow.attempts > 1)
         ).all()
@@ -167,7 +167,7 @@ def _wait_for_running_jobs(
     )
     deadline = time.monotonic() + timeout_s
     while True:
-        with deployed.store._sessions() as session:
+        with deployed.sessions() as session:
             if session.scalar(query):
                 return
         assert time.monotonic() < deadline, f"{worker} never held any of the jobs"

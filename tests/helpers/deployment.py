@@ -35,8 +35,10 @@ class Deployment:
         self.admin_key = admin_key
         self.processes: list[ServiceProcess] = []
         self._engine = make_engine(env["INFERQ_DATABASE_URL"], pool_size=2)
-        self.store = JobStore(make_sessions(self._engine))
-        self.models = ModelStore(make_sessions(self._engine))
+        # Sessions on the deployment's database, for tests that read its rows directly.
+        self.sessions = make_sessions(self._engine)
+        self.store = JobStore(self.sessions)
+        self.models = ModelStore(self.sessions)
         self.url = ""
 
     def start(self, *, registered: bool = True) -> Deployment:
@@ -64,9 +66,22 @@ class Deployment:
         beat.wait_until(log_contains(beat, "beat: Starting"), timeout_s=60, what="scheduling")
         return self
 
-    def start_worker(self, name: str, *, wait: bool = True, **overrides: str) -> ServiceProcess:
+    def start_worker(
+        self,
+        name: str,
+        *,
+        wait: bool = True,
+        kill_engine_seed: int | None = None,
+        **overrides: str,
+    ) -> ServiceProcess:
+        """A GPU worker with the deployment's settings and `overrides`; `kill_engine_seed`:
+        see `tests.helpers.processes.start_worker`."""
         worker = start_worker(
-            env={**self.env, **overrides}, log_dir=self.log_dir, name=name, wait=wait
+            env={**self.env, **overrides},
+            log_dir=self.log_dir,
+            name=name,
+            wait=wait,
+            kill_engine_seed=kill_engine_seed,
         )
         self.processes.append(worker)
         return worker

@@ -1,8 +1,13 @@
-"""Jobs and results as the worker hands them to the store, for store tests."""
+"""Jobs and results as the worker hands them to the store, and jobs written as the API
+submits them, for store tests."""
 
 from __future__ import annotations
 
-from inferq.domain.jobs import Choice, JobResult, JobSpec, SamplingParams
+from collections.abc import Sequence
+
+from inferq.domain.jobs import Choice, Job, JobResult, JobSpec, SamplingParams
+from inferq.domain.webhooks import WebhookRequest
+from inferq.store.jobs import JobStore, NewJob
 
 
 def job_spec(prompt: str = "hi") -> JobSpec:
@@ -21,4 +26,21 @@ def job_result(text: str = "out", *, completion_tokens: int = 2) -> JobResult:
             Choice(index=0, text=text, finish_reason="stop", completion_tokens=completion_tokens),
         ),
         prompt_tokens=3,
+    )
+
+
+def create_jobs(
+    store: JobStore,
+    specs: Sequence[JobSpec],
+    *,
+    tenant: str = "t",
+    queue: str,
+    requeue_after_s: int = 60,
+    webhook: WebhookRequest | None = None,
+) -> list[Job]:
+    """Queued jobs of one tenant on one queue, submitted together (as the API does)."""
+    return store.submit_jobs(
+        [NewJob(spec=spec, tenant=tenant, webhook=webhook) for spec in specs],
+        queue=queue,
+        requeue_after_s=requeue_after_s,
     )

@@ -15,7 +15,11 @@ from pathlib import Path
 
 import httpx
 
+from tests.helpers.faulty_worker import SEED_VARIABLE
+
 INFERQ = [sys.executable, "-m", "cli.main"]
+# The same, with a fault hook in the engine (see there).
+FAULTY_INFERQ = [sys.executable, "-m", "tests.helpers.faulty_worker"]
 
 
 class ServiceProcess:
@@ -121,11 +125,22 @@ def start_api(
 
 
 def start_worker(
-    *, env: Mapping[str, str], log_dir: Path, name: str = "worker", wait: bool = True
+    *,
+    env: Mapping[str, str],
+    log_dir: Path,
+    name: str = "worker",
+    wait: bool = True,
+    kill_engine_seed: int | None = None,
 ) -> ServiceProcess:
+    """A GPU worker; with `kill_engine_seed`, one whose engine core a request with that seed
+    kills (tests/helpers/faulty_worker.py)."""
     env = {"INFERQ_WORKER_METRICS_PORT": str(free_port()), **env}
+    command = INFERQ
+    if kill_engine_seed is not None:
+        command = FAULTY_INFERQ
+        env = {**env, SEED_VARIABLE: str(kill_engine_seed)}
     worker = ServiceProcess(
-        name, [*INFERQ, "worker", "--name", f"{name}@test"], env=env, log_dir=log_dir
+        name, [*command, "worker", "--name", f"{name}@test"], env=env, log_dir=log_dir
     )
     worker.metrics_url = f"http://127.0.0.1:{env['INFERQ_WORKER_METRICS_PORT']}/metrics"
     if wait:

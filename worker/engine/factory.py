@@ -3,19 +3,19 @@
 
 from __future__ import annotations
 
-from inferq.settings import Settings
+from inferq.settings import EngineSettings
 from worker.engine.protocol import Engine
 
 
-def build_engine(settings: Settings) -> Engine:
+def build_engine(settings: EngineSettings) -> Engine:
     """Build the configured engine. This is where the model is loaded: slow, done once.
     `settings` come from `inferq.host.preflight.engine_settings` (the KV cache sized); a failed
     start raises `EngineStartFailed`, which says why in one line."""
-    # Imported here: vLLM is heavy, and the instant engine's users never need it.
-    if settings.engine == "instant":
-        from worker.engine.pipeline import InstantEngine
+    # Imported here: vLLM is heavy, and the pipeline-only engine's users never need it.
+    if settings.engine == "pipeline-only":
+        from worker.engine.pipeline_only import PipelineOnlyEngine
 
-        return InstantEngine()
+        return PipelineOnlyEngine()
     if settings.runner == "pooling":
         from worker.engine.vllm.pooling import VllmPoolingEngine
 

@@ -136,7 +136,7 @@ def _read_while_running(
     # Every line up to the cursor has ended and is here; the next had not ended.
     assert custom_ids(first.lines) == [f"req-{i}" for i in range(first.cursor)]
     assert all(line["error"] is None for line in first.lines)
-    with stack.store._sessions() as session:
+    with stack.sessions() as session:
         next_finished = session.scalar(
             select(JobRow.finished_at).where(
                 JobRow.batch_id == batch_id, JobRow.line == first.cursor + 1

@@ -287,7 +287,7 @@ def test_cancel_keeps_finished_lines_and_never_runs_the_rest(stack: Stack, broke
     batch = wait_for(client, batch.id)
     # The worker has been through every message of the batch (taking nothing, if the
     # cancel held), and whatever it put into its engine has left it.
-    with stack.store._sessions() as session:
+    with stack.sessions() as session:
         line_ids = set(session.scalars(select(JobRow.id).where(JobRow.batch_id == batch.id)))
     broker.wait_gpu_messages_done(line_ids, timeout_s=120)
     wait_until(lambda: engine_settled(engine), timeout_s=60, what="the engine empty")
@@ -307,7 +307,7 @@ def test_cancel_keeps_finished_lines_and_never_runs_the_rest(stack: Stack, broke
         f"req-{i}" for i in range(200)
     )
     # Most cancelled lines were never even claimed by a worker.
-    with stack.store._sessions() as session:
+    with stack.sessions() as session:
         attempts = session.scalars(
             select(JobRow.attempts).where(JobRow.batch_id == batch.id, JobRow.status == "cancelled")
         ).all()

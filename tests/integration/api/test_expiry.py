@@ -32,7 +32,7 @@ def _gone(read: object) -> bool:
 
 
 def _rows(stack: Stack, row: type, *where: object) -> int:
-    with stack.store._sessions() as session:
+    with stack.sessions() as session:
         return int(session.scalar(select(func.count()).select_from(row).where(*where)) or 0)
 
 

@@ -76,7 +76,7 @@ CORPUS: dict[str, tuple[bytes, tuple[int, str] | None]] = {
 
 
 def _job_rows(stack: Stack, batch_id: str) -> int:
-    with stack.store._sessions() as session:
+    with stack.sessions() as session:
         count = session.scalar(
             select(func.count()).select_from(JobRow).where(JobRow.batch_id == batch_id)
         )

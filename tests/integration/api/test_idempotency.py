@@ -15,7 +15,7 @@ pytestmark = pytest.mark.engine
 
 
 def _jobs_with(stack: Stack, marker: str) -> int:
-    with stack.store._sessions() as session:
+    with stack.sessions() as session:
         query = (
             select(func.count())
             .select_from(JobRow)

@@ -49,7 +49,7 @@ def run(client: httpx.Client, **body: Any) -> dict[str, Any]:
 
 
 def count_jobs(stack: Stack) -> int:
-    with stack.store._sessions() as session:
+    with stack.sessions() as session:
         return int(session.scalar(select(func.count()).select_from(JobRow)) or 0)
 
 

@@ -17,7 +17,6 @@ from openai import BadRequestError, NotFoundError, OpenAI, UnprocessableEntityEr
 from sqlalchemy import select
 
 from inferq.store.models import JobRow
-from inferq.store.served_models import ModelStore
 from tests.conftest import ADMIN_KEY
 from tests.helpers.broker import Broker
 from tests.helpers.processes import http_ok
@@ -54,7 +53,7 @@ def completion(client: OpenAI, model: str) -> str:
 
 
 def worker_of(stack: ModelsStack, job_id: str) -> str | None:
-    with stack.deployment.store._sessions() as session:
+    with stack.deployment.sessions() as session:
         return session.scalar(select(JobRow.worker).where(JobRow.id == job_id))
 
 
@@ -73,7 +72,7 @@ def test_every_registered_model_is_listed_with_who_serves_it(models_stack: Model
     assert workers[f"{CHAT_MODEL}@test"]["adapters"] == [ADAPTER]
     assert f"interactive:{OTHER_MODEL}" in status["queues"]
     # What each worker registered: what the API checks that model's requests against.
-    registered = {m.name: m for m in ModelStore(models_stack.deployment.store._sessions).all()}
+    registered = {m.name: m for m in models_stack.deployment.models.all()}
     assert registered[ADAPTER].base == CHAT_MODEL
     assert registered[ADAPTER].max_model_len == registered[CHAT_MODEL].max_model_len == 1024
     assert registered[CHAT_MODEL].chat_template  # the engine's tokenizer's

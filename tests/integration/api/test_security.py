@@ -25,7 +25,7 @@ pytestmark = pytest.mark.engine
 
 
 def tenant_jobs(stack: Stack, tenant: str) -> int:
-    with stack.store._sessions() as session:
+    with stack.sessions() as session:
         query = select(func.count()).select_from(JobRow).where(JobRow.tenant == tenant)
         return int(session.scalar(query) or 0)
 

@@ -10,6 +10,8 @@ import pytest
 from redis import Redis
 
 from housekeeper.maintenance import Maintenance, _job_ids
+from housekeeper.retention import Retention
+from inferq.app import App
 from inferq.broker.celery_app import JobPublisher, make_celery
 from inferq.domain.jobs import JobSpec, JobStatus, SamplingParams
 from inferq.domain.queue_names import bulk_queue, interactive_queue
@@ -18,6 +20,7 @@ from inferq.settings import Settings
 from inferq.store.engine import make_engine, make_sessions
 from inferq.store.jobs import JobStore
 from tests.conftest import REDIS_URL
+from tests.helpers.jobs import create_jobs
 from tests.helpers.processes import free_port
 
 INTERACTIVE_QUEUE = interactive_queue("m")
@@ -39,8 +42,11 @@ class Harness:
         self.store = JobStore(make_sessions(self.engine), clock=self.clock)
         self.redis = Redis.from_url(REDIS_URL)
         self.prefix = key_prefix
-        app = make_celery(Settings(redis_url=REDIS_URL, redis_key_prefix=key_prefix))
-        self.publisher = JobPublisher(app, bulk_chunk_size=2)
+        settings = Settings(
+            database_url=database_url, redis_url=REDIS_URL, redis_key_prefix=key_prefix
+        )
+        self.app = App(settings, pool_size=2)
+        self.publisher = JobPublisher(self.app.celery, bulk_chunk_size=2)
         self.maintenance = Maintenance(
             store=self.store,
             publisher=self.publisher,
@@ -48,6 +54,10 @@ class Harness:
             key_prefix=key_prefix,
             requeue_after_s=3600,
             stranded_after_s=30,
+            batches=self.app.batch_lifecycle,
+            webhooks_due=self.app.webhooks.due,
+            # Kept for ever: these tests look at what is published again, not deleted.
+            retention=Retention(self.app.retention, job_retention_s=0, webhook_retention_s=0),
             served_models=lambda: ["m"],
             clock=self.clock,
         )
@@ -60,7 +70,7 @@ class Harness:
             prompt_token_ids=[1],
             sampling=SamplingParams(max_tokens=1),
         )
-        jobs = self.store.create_jobs([spec] * count, tenant="t", queue=queue, requeue_after_s=3600)
+        jobs = create_jobs(self.store, [spec] * count, queue=queue, requeue_after_s=3600)
         return [j.id for j in jobs]
 
     def queued_messages(self, queue: str = INTERACTIVE_QUEUE) -> list[list[str]]:
@@ -76,6 +86,7 @@ def harness(database_url: str, key_prefix: str) -> Iterator[Harness]:
     made.redis.delete(key_prefix + INTERACTIVE_QUEUE, key_prefix + BULK_QUEUE)
     yield made
     made.engine.dispose()
+    made.app.close()
 
 
 def test_a_lapsed_lease_returns_the_job_to_the_queue(harness: Harness) -> None:

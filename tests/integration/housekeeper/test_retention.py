@@ -37,7 +37,7 @@ from inferq.store.models import (
 from inferq.store.retention import RetentionStore
 from inferq.wire.batch_lines import LineSpec
 from tests.helpers.clock import Clock
-from tests.helpers.jobs import job_result, job_spec
+from tests.helpers.jobs import create_jobs, job_result, job_spec
 
 DAY = 86400
 
@@ -137,12 +137,7 @@ def _batch(stores: Stores, lines: int, *, expires_after_s: int | None) -> tuple[
 
 
 def test_single_jobs_go_after_the_retention_and_batch_lines_stay(stores: Stores) -> None:
-    jobs = [
-        j.id
-        for j in stores.jobs.create_jobs(
-            [job_spec()] * 3, tenant="t", queue="q", requeue_after_s=60
-        )
-    ]
+    jobs = [j.id for j in create_jobs(stores.jobs, [job_spec()] * 3, queue="q")]
     _finish(stores, jobs[:2])
     batch_id, lines = _batch(stores, 2, expires_after_s=None)
     _finish(stores, lines)
@@ -166,7 +161,7 @@ def test_single_jobs_go_after_the_retention_and_batch_lines_stay(stores: Stores)
 
 def test_deletes_go_in_bounded_chunks_with_the_longest_reported(stores: Stores) -> None:
     count = CHUNK_ROWS * 2 + 10
-    jobs = stores.jobs.create_jobs([job_spec()] * count, tenant="t", queue="q", requeue_after_s=60)
+    jobs = create_jobs(stores.jobs, [job_spec()] * count, queue="q")
     _finish(stores, [j.id for j in jobs])
     stores.clock.now += timedelta(days=2)
     report = stores.retention().run_once()

@@ -15,7 +15,7 @@ from inferq.store.jobs import JobStore
 from inferq.store.migrate import alembic_config, upgrade
 from inferq.store.models import JobRow
 from inferq.store.served_models import ModelStore
-from tests.helpers.jobs import job_spec
+from tests.helpers.jobs import create_jobs, job_spec
 
 LLAMA = ServedModel(
     name="llama", base="llama", runner="generate", tokenizer="/m/llama", max_model_len=4096
@@ -68,8 +68,8 @@ def test_upgrading_moves_waiting_jobs_to_their_models_queues(database_url: str) 
     engine = make_engine(database_url, pool_size=1)
     sessions = make_sessions(engine)
     jobs = JobStore(sessions)
-    queued, running = jobs.create_jobs(
-        [job_spec(), job_spec()], tenant="t", queue="interactive:tiny", requeue_after_s=3600
+    queued, running = create_jobs(
+        jobs, [job_spec(), job_spec()], queue="interactive:tiny", requeue_after_s=3600
     )
     jobs.claim_jobs([running.id], worker="w", lease_s=600)
     command.downgrade(alembic_config(database_url), "0008")

@@ -23,6 +23,7 @@ from inferq.store.engine import make_engine, make_sessions
 from inferq.store.jobs import JobStore
 from inferq.store.migrate import upgrade
 from tests.helpers.clock import Clock
+from tests.helpers.jobs import create_jobs
 
 
 @pytest.fixture
@@ -65,7 +66,7 @@ def _result(text: str = "out") -> JobResult:
 
 
 def test_created_jobs_read_back_as_written(store: JobStore) -> None:
-    [job] = store.create_jobs([_spec()], tenant="t", queue="interactive", requeue_after_s=60)
+    [job] = create_jobs(store, [_spec()], queue="interactive")
     read = store.get_job(job.id)
     assert read == job
     assert read.status is JobStatus.QUEUED
@@ -79,7 +80,7 @@ def test_an_unknown_job_is_not_found(store: JobStore) -> None:
 
 
 def test_claim_returns_token_ids_and_takes_each_job_once(store: JobStore) -> None:
-    jobs = store.create_jobs([_spec(), _spec()], tenant="t", queue="bulk", requeue_after_s=60)
+    jobs = create_jobs(store, [_spec(), _spec()], queue="bulk")
     ids = [j.id for j in jobs]
     claimed = store.claim_jobs(ids, worker="w1", lease_s=30)
     assert [c.id for c in claimed] == ids
@@ -89,7 +90,7 @@ def test_claim_returns_token_ids_and_takes_each_job_once(store: JobStore) -> Non
 
 
 def test_a_job_whose_lease_ran_out_can_be_claimed_again(store: JobStore, clock: Clock) -> None:
-    [job] = store.create_jobs([_spec()], tenant="t", queue="interactive", requeue_after_s=60)
+    [job] = create_jobs(store, [_spec()], queue="interactive")
     store.claim_jobs([job.id], worker="dead", lease_s=30)
     clock.now += timedelta(seconds=31)
     assert [c.id for c in store.claim_jobs([job.id], worker="alive", lease_s=30)] == [job.id]
@@ -100,7 +101,7 @@ def test_a_job_whose_lease_ran_out_can_be_claimed_again(store: JobStore, clock: 
 def test_renewal_takes_back_own_jobs_requeued_during_an_outage(
     store: JobStore, clock: Clock
 ) -> None:
-    [job] = store.create_jobs([_spec()], tenant="t", queue="interactive", requeue_after_s=60)
+    [job] = create_jobs(store, [_spec()], queue="interactive")
     store.claim_jobs([job.id], worker="w", lease_s=30)
     clock.now += timedelta(seconds=31)
     assert [d.id for d in store.take_due(requeue_after_s=60, limit=10)] == [job.id]
@@ -111,9 +112,7 @@ def test_renewal_takes_back_own_jobs_requeued_during_an_outage(
 
 
 def test_results_are_written_once_and_only_for_active_jobs(store: JobStore) -> None:
-    a, b, c = store.create_jobs(
-        [_spec(), _spec(), _spec()], tenant="t", queue="bulk", requeue_after_s=60
-    )
+    a, b, c = create_jobs(store, [_spec(), _spec(), _spec()], queue="bulk")
     store.claim_jobs([a.id, b.id, c.id], worker="w", lease_s=30)
     store.cancel_job(c.id)
     written = store.finish_jobs(
@@ -138,7 +137,7 @@ def test_results_are_written_once_and_only_for_active_jobs(store: JobStore) -> N
 def test_hundreds_of_results_written_at_once_each_land_on_their_own_job(
     store: JobStore,
 ) -> None:
-    jobs = store.create_jobs([_spec()] * 300, tenant="t", queue="bulk", requeue_after_s=60)
+    jobs = create_jobs(store, [_spec()] * 300, queue="bulk")
     ids = [job.id for job in jobs]
     store.claim_jobs(ids, worker="w", lease_s=30)
     outcomes = [
@@ -161,7 +160,7 @@ def test_hundreds_of_results_written_at_once_each_land_on_their_own_job(
 
 
 def test_a_finished_job_cannot_be_claimed_or_cancelled(store: JobStore) -> None:
-    [job] = store.create_jobs([_spec()], tenant="t", queue="interactive", requeue_after_s=60)
+    [job] = create_jobs(store, [_spec()], queue="interactive")
     store.claim_jobs([job.id], worker="w", lease_s=30)
     store.finish_jobs([JobOutcome(job_id=job.id, result=_result())])
     assert store.claim_jobs([job.id], worker="w", lease_s=30) == []
@@ -170,7 +169,7 @@ def test_a_finished_job_cannot_be_claimed_or_cancelled(store: JobStore) -> None:
 
 
 def test_nul_characters_in_generated_text_are_stored_as_replacement(store: JobStore) -> None:
-    [job] = store.create_jobs([_spec()], tenant="t", queue="interactive", requeue_after_s=60)
+    [job] = create_jobs(store, [_spec()], queue="interactive")
     store.claim_jobs([job.id], worker="w", lease_s=30)
     assert store.finish_jobs([JobOutcome(job_id=job.id, result=_result("a\x00b"))]) == [job.id]
     result = store.get_job(job.id).result
@@ -182,12 +181,7 @@ def test_listing_pages_newest_first_with_a_status_filter(store: JobStore, clock:
     ids = []
     for _ in range(5):
         clock.now += timedelta(seconds=1)
-        ids += [
-            j.id
-            for j in store.create_jobs(
-                [_spec()], tenant="t", queue="interactive", requeue_after_s=60
-            )
-        ]
+        ids += [j.id for j in create_jobs(store, [_spec()], queue="interactive")]
     store.cancel_job(ids[1])
     first = store.list_jobs(limit=2)
     assert [j.id for j in first.items] == ids[::-1][:2]

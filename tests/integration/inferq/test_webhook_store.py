@@ -17,7 +17,7 @@ from inferq.store.jobs import JobStore
 from inferq.store.migrate import upgrade
 from inferq.store.webhooks import WebhookStore
 from tests.helpers.clock import Clock
-from tests.helpers.jobs import job_result, job_spec
+from tests.helpers.jobs import create_jobs, job_result, job_spec
 
 
 @pytest.fixture
@@ -57,21 +57,19 @@ Stores = tuple[JobStore, WebhookStore, list[int]]
 def test_deliveries_are_written_with_results_for_the_events_asked(stores: Stores) -> None:
     jobs, hooks, wakes = stores
     url = "https://hooks.example.com/a"
-    a, b = jobs.create_jobs(
+    a, b = create_jobs(
+        jobs,
         [job_spec(), job_spec()],
-        tenant="t",
         queue="interactive",
-        requeue_after_s=60,
         webhook=WebhookRequest(url),
     )
-    [only_failures] = jobs.create_jobs(
+    [only_failures] = create_jobs(
+        jobs,
         [job_spec()],
-        tenant="t",
         queue="interactive",
-        requeue_after_s=60,
         webhook=WebhookRequest(url, ["job.failed"]),
     )
-    [plain] = jobs.create_jobs([job_spec()], tenant="t", queue="interactive", requeue_after_s=60)
+    [plain] = create_jobs(jobs, [job_spec()], queue="interactive")
     jobs.cancel_job(b.id)
     written = jobs.finish_jobs(
         [
@@ -95,11 +93,10 @@ def test_deliveries_are_written_with_results_for_the_events_asked(stores: Stores
 
 def test_a_claim_leases_each_due_delivery_to_one_sender(stores: Stores, clock: Clock) -> None:
     jobs, hooks, _ = stores
-    [job] = jobs.create_jobs(
+    [job] = create_jobs(
+        jobs,
         [job_spec()],
-        tenant="t",
         queue="interactive",
-        requeue_after_s=60,
         webhook=WebhookRequest("https://hooks.example.com/b"),
     )
     jobs.finish_jobs([JobOutcome(job_id=job.id, result=job_result())])
@@ -126,9 +123,7 @@ def test_the_last_failure_dead_letters_and_410_disables_the_endpoint(
 ) -> None:
     jobs, hooks, _ = stores
     webhook = WebhookRequest("https://hooks.example.com/c")
-    a, b, c = jobs.create_jobs(
-        [job_spec()] * 3, tenant="t", queue="interactive", requeue_after_s=60, webhook=webhook
-    )
+    a, b, c = create_jobs(jobs, [job_spec()] * 3, queue="interactive", webhook=webhook)
     jobs.finish_jobs([JobOutcome(job_id=j.id, result=job_result()) for j in (a, b)])
     first, second = (d for d, _ in hooks.claim_due(limit=10, lease_s=30))
     assert hooks.record(first, _attempt(1, 503, clock), retry_in_s=None) is DeliveryState.DEAD

@@ -72,10 +72,9 @@ def _run(engine: VllmEngine, models: dict[str, str | None]) -> tuple[dict[str, J
     pytest.fail(f"only {sorted(results)} of {sorted(models)} finished")
 
 
-def test_a_job_naming_the_adapter_gets_it_beside_base_jobs(
-    engine: VllmEngine, adapter: Path
-) -> None:
-    assert engine.served_adapters() == {ADAPTER: str(adapter)}
+def test_a_job_naming_the_adapter_gets_it_beside_base_jobs(engine: VllmEngine) -> None:
+    # An engine with a served name refuses a job naming a model it does not serve, so the
+    # job naming the adapter is taken only because the adapter is served.
     mixed, steps = _run(engine, {"base": None, "named-base": MODEL_NAME, "lora": ADAPTER})
     texts = {job_id: result.choices[0].text for job_id, result in mixed.items()}
     assert all(r.choices[0].completion_tokens == GREEDY.max_tokens for r in mixed.values())

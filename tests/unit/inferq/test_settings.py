@@ -93,3 +93,66 @@ def test_the_tool_call_parser_can_be_turned_off(monkeypatch: pytest.MonkeyPatch)
     assert Settings().tool_call_parser == "llama3_json"
     monkeypatch.setenv("INFERQ_TOOL_CALL_PARSER", "none")
     assert Settings().tool_call_parser is None
+
+
+def test_the_pipeline_only_engine_is_refused_unless_allowed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("INFERQ_ENGINE", "pipeline-only")
+    with pytest.raises(ValidationError) as refused:
+        Settings()
+    [error] = refused.value.errors()
+    assert "placeholder tokens" in error["msg"]
+    assert "set INFERQ_ALLOW_PIPELINE_ONLY_ENGINE=true" in error["msg"]
+    assert "\n" not in error["msg"]
+    monkeypatch.setenv("INFERQ_ALLOW_PIPELINE_ONLY_ENGINE", "true")
+    assert Settings().engine == "pipeline-only"
+
+
+def test_the_engine_once_called_instant_is_no_longer_a_choice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("INFERQ_ENGINE", "instant")
+    monkeypatch.setenv("INFERQ_ALLOW_PIPELINE_ONLY_ENGINE", "true")
+    with pytest.raises(ValidationError, match="'vllm' or 'pipeline-only'"):
+        Settings()
+
+
+def test_no_setting_kills_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fault hook is the tests' own (tests/helpers/faulty_worker.py); the variable that
+    # once armed it is ignored, as any unknown INFERQ_ variable is.
+    monkeypatch.setenv("INFERQ_FAULT_KILL_ENGINE_SEED", "666")
+    monkeypatch.setenv("INFERQ_NO_SUCH_SETTING", "1")
+    assert "fault_kill_engine_seed" not in Settings().model_dump()
+
+
+def test_every_group_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One variable per group, the list and JSON-object ones among them: the groups are
+    # plain models, and only Settings reads INFERQ_ variables (NoDecode kept from the groups).
+    variables = {
+        "INFERQ_REDIS_KEY_PREFIX": "t:",
+        "INFERQ_ENGINE_EXTRA_ARGS": '{"swap_space": 4}',
+        "INFERQ_LORA_ADAPTERS": "a=/x",
+        "INFERQ_LEASE_S": "30",
+        "INFERQ_MAX_BATCH_LINES": "7",
+        "INFERQ_JOB_RETENTION_S": "0",
+        "INFERQ_WEBHOOK_ALLOWED_NETWORKS": "10.0.0.0/8, 192.168.0.0/16",
+        "INFERQ_WEBHOOK_RETRY_SCHEDULE_S": "1,2.5",
+        "INFERQ_MAX_N": "2",
+        "INFERQ_FLOWER_PORT": "5556",
+        "INFERQ_LOG_JSON": "true",
+    }
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings()
+    assert settings.redis_key_prefix == "t:"
+    assert settings.engine_extra_args == {"swap_space": 4}
+    assert settings.lora_adapters == {"a": "/x"}
+    assert settings.lease_s == 30
+    assert settings.max_batch_lines == 7
+    assert settings.job_retention_s == 0
+    assert settings.webhook_allowed_networks == ["10.0.0.0/8", "192.168.0.0/16"]
+    assert settings.webhook_retry_schedule_s == [1.0, 2.5]
+    assert settings.max_n == 2
+    assert settings.flower_port == 5556
+    assert settings.log_json

@@ -32,7 +32,7 @@ def _spec(validator: JobValidator, **kwargs: object):  # type: ignore[no-untyped
 def test_a_prompt_is_tokenized_with_bos(validator: JobValidator, renderer: PromptRenderer) -> None:
     spec = _spec(validator, prompt="Hello world")
     assert spec.prompt_token_ids[0] == 0  # <|begin_of_text|>
-    assert spec.prompt_token_ids == renderer.completion("Hello world")
+    assert [spec.prompt_token_ids] == renderer.encode_many(["Hello world"], add_special_tokens=True)
     assert spec.sampling.max_tokens == 256
 
 

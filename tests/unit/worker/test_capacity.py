@@ -21,12 +21,13 @@ def _bulk_waiting(gate: CapacityGate, count: int) -> None:
     wait_until(lambda: gate.bulk_waiting == count, timeout_s=10, what=f"{count} bulk waiting")
 
 
-def _interactive_waiting(gate: CapacityGate, count: int) -> None:
-    wait_until(
-        lambda: gate.interactive_waiting == count,
-        timeout_s=10,
-        what=f"{count} interactive waiting",
-    )
+def _room(gate: CapacityGate, *, interactive: bool = False) -> int:
+    """How many single jobs get in right now, one after the other (all given back)."""
+    taken = 0
+    while taken < 100 and gate.acquire(1, interactive=interactive, timeout_s=0):
+        taken += 1
+    gate.release(taken)
+    return taken
 
 
 def test_room_is_shared_and_given_back() -> None:
@@ -39,20 +40,24 @@ def test_room_is_shared_and_given_back() -> None:
     gate.release(1)
     waiter.join(2)
     assert order == ["bulk"]
-    assert gate.used == 4
+    assert _room(gate) == 0
 
 
 def test_interactive_work_goes_before_waiting_bulk_work() -> None:
     gate = CapacityGate(2)
-    assert gate.acquire(2, interactive=False)
+    assert gate.acquire(1, interactive=False)
+    assert _room(gate) == 1
     order: list[str] = []
+    # Two interactive jobs do not fit beside the one held, and while they wait no bulk
+    # job gets in, though one would fit.
+    interactive = _acquire_later(gate, 2, interactive=True, order=order, name="interactive")
+    wait_until(lambda: _room(gate) == 0, timeout_s=10, what="bulk work held back")
     bulk = _acquire_later(gate, 1, interactive=False, order=order, name="bulk")
     _bulk_waiting(gate, 1)
-    interactive = _acquire_later(gate, 1, interactive=True, order=order, name="interactive")
-    _interactive_waiting(gate, 1)
     gate.release(1)
     interactive.join(2)
-    gate.release(1)
+    assert order == ["interactive"]
+    gate.release(2)
     bulk.join(2)
     assert order == ["interactive", "bulk"]
 
@@ -61,7 +66,7 @@ def test_a_request_larger_than_the_gate_gets_in_when_it_is_empty() -> None:
     gate = CapacityGate(4)
     assert gate.acquire(16, interactive=False)
     gate.release(16)
-    assert gate.used == 0
+    assert _room(gate) == 4
 
 
 def test_closing_turns_waiters_away() -> None:
@@ -82,7 +87,8 @@ def test_single_jobs_have_room_of_their_own_past_a_full_gate() -> None:
     assert not gate.acquire(1, interactive=False, timeout_s=0.05)
     assert gate.acquire(1, interactive=True, timeout_s=0.05)
     assert not gate.acquire(1, interactive=True, timeout_s=0.05)
-    assert gate.used == 3
+    gate.release(3)
+    assert _room(gate) == 2
 
 
 def test_a_timed_acquire_gives_up_and_takes_nothing() -> None:
@@ -93,7 +99,7 @@ def test_a_timed_acquire_gives_up_and_takes_nothing() -> None:
     assert 0.09 <= time.monotonic() - started < 2
     gate.release(1)
     assert gate.acquire(1, interactive=True, timeout_s=0.1)
-    assert gate.used == 1
+    assert _room(gate, interactive=True) == 0
 
 
 def test_it_counts_the_batch_chunks_waiting_for_room() -> None:

@@ -100,7 +100,6 @@ def test_an_adapter_vllm_cannot_load_fails_the_start_and_closes_the_engine() -> 
         step_timeout_s=60,
         adapters={"big": "/adapters/big"},
     )
-    assert engine.served_adapters() == {"big": "/adapters/big"}
     with pytest.raises(EngineStartFailed, match=r"adapter 'big' from /adapters/big: .*rank 32"):
         engine._load_adapters()
     assert core.shut_down

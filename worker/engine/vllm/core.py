@@ -26,13 +26,13 @@ from vllm import LLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from inferq.exceptions import EngineError, EngineStartFailed
-from inferq.settings import Settings
+from inferq.settings import EngineSettings
 from worker.engine.output import HeldOutput, start_failure
 
 log = logging.getLogger(__name__)
 
 
-def engine_args(settings: Settings) -> dict[str, Any]:
+def engine_args(settings: EngineSettings) -> dict[str, Any]:
     """The keyword arguments for `vllm.LLM`, from settings."""
     args: dict[str, Any] = {
         "model": settings.model,

@@ -5,7 +5,6 @@ worker/engine/vllm/core.py."""
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,13 +19,11 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from inferq.broker.token_stream import ChoiceDelta, JobDelta
 from inferq.domain.jobs import Choice, JobResult, SamplingParams, TokenLogprob
 from inferq.exceptions import EngineError, EngineStartFailed, RequestRejected
-from inferq.settings import Settings
+from inferq.settings import EngineSettings
 from worker.engine.protocol import EngineRequest, Finished
 from worker.engine.tool_calls import with_tool_calls
 from worker.engine.vllm.core import SteppedVllm, engine_args, missing_local_adapter, start_llm
 from worker.engine.vllm.tools import AutoToolParser
-
-log = logging.getLogger(__name__)
 
 
 class VllmEngine(SteppedVllm):
@@ -37,7 +34,6 @@ class VllmEngine(SteppedVllm):
         llm: LLM,
         *,
         step_timeout_s: float,
-        fault_kill_engine_seed: int | None = None,
         tool_call_parser: str | None = None,
         served_name: str | None = None,
         adapters: Mapping[str, str] | None = None,
@@ -52,7 +48,6 @@ class VllmEngine(SteppedVllm):
             name: LoRARequest(name, lora_int_id, path)
             for lora_int_id, (name, path) in enumerate(self._adapters.items(), start=1)
         }
-        self._fault_seed = fault_kill_engine_seed
         # vLLM returns the sampled token's logprob beside the top k, so k is kept to tell
         # the alternatives from the sampled token.
         self._top_k_logprobs: dict[str, int] = {}
@@ -66,7 +61,7 @@ class VllmEngine(SteppedVllm):
         )
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> VllmEngine:
+    def from_settings(cls, settings: EngineSettings) -> VllmEngine:
         """Load the model; `EngineStartFailed` with vLLM's reason in one line if it fails
         (its whole output goes to the debug log)."""
         missing = missing_local_adapter(settings.lora_adapters)
@@ -76,7 +71,6 @@ class VllmEngine(SteppedVllm):
         engine = cls(
             llm,
             step_timeout_s=settings.engine_step_timeout_s,
-            fault_kill_engine_seed=settings.fault_kill_engine_seed,
             tool_call_parser=settings.tool_call_parser,
             served_name=settings.model_name,
             adapters=settings.lora_adapters,
@@ -97,10 +91,6 @@ class VllmEngine(SteppedVllm):
                     f"INFERQ_LORA_ADAPTERS: vLLM could not load adapter {lora.lora_name!r} "
                     f"from {lora.lora_path}: {reason}"
                 ) from exc
-
-    def served_adapters(self) -> dict[str, str]:
-        """The LoRA adapters served besides the model: name -> path or Hugging Face id."""
-        return dict(self._adapters)
 
     @property
     def chat_template(self) -> str | None:
@@ -134,9 +124,6 @@ class VllmEngine(SteppedVllm):
             self._streams[request.job_id] = _Streamed(len(request.prompt_token_ids), top_k or 0)
         elif top_k is not None:
             self._top_k_logprobs[request.job_id] = top_k
-        if self._fault_seed is not None and request.sampling.seed == self._fault_seed:
-            log.warning("fault hook: request %s kills the engine core", request.job_id)
-            self._kill_core()
 
     def _lora_of(self, model: str | None) -> LoRARequest | None:
         """The adapter a job named, or None for the base; `RequestRejected` for a name this

@@ -23,7 +23,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from inferq.broker.token_stream import JobDelta
 from inferq.domain.jobs import JobResult
 from inferq.exceptions import EngineError, RequestRejected
-from inferq.settings import Settings
+from inferq.settings import EngineSettings
 from worker.engine.protocol import EngineRequest, Finished
 from worker.engine.vllm.core import SteppedVllm, engine_args, start_llm
 
@@ -32,7 +32,7 @@ from worker.engine.vllm.core import SteppedVllm, engine_args, start_llm
 POOLING_ARGS: dict[str, Any] = {"runner": "pooling", "convert": "embed"}
 
 
-def pooling_engine_args(settings: Settings) -> dict[str, Any]:
+def pooling_engine_args(settings: EngineSettings) -> dict[str, Any]:
     """The keyword arguments for `vllm.LLM` with the pooling runner (extra args still win)."""
     return POOLING_ARGS | engine_args(settings)
 
@@ -49,7 +49,7 @@ class VllmPoolingEngine(SteppedVllm):
         self._jobs: dict[str, _Embedding] = {}
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> VllmPoolingEngine:
+    def from_settings(cls, settings: EngineSettings) -> VllmPoolingEngine:
         """Load the model; `EngineStartFailed` with vLLM's reason in one line if it fails."""
         llm = start_llm(pooling_engine_args(settings), model=settings.model)
         return cls(llm, step_timeout_s=settings.engine_step_timeout_s)

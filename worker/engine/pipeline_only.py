@@ -1,5 +1,8 @@
-"""An engine that answers at once without a model. For measuring the pipeline's own
-overhead in benchmarks; never a stand-in for the real engine in feature tests."""
+"""The pipeline-only engine (`INFERQ_ENGINE=pipeline-only`): it answers at once without a
+model, to measure the pipeline's own overhead (API, Redis, Postgres, the worker's loop) in
+benchmarks and tests. Its answers are placeholders, so settings refuse it unless
+`INFERQ_ALLOW_PIPELINE_ONLY_ENGINE` is set; never a stand-in for the real engine in feature
+tests."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from worker.engine.protocol import EngineRequest, Finished
 PLACEHOLDER_DIMENSIONS = 8
 
 
-class InstantEngine:
+class PipelineOnlyEngine:
     """Finishes every request on the next step with `max_tokens` placeholder tokens (an
     embedding with zero vectors)."""
 

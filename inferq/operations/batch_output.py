@@ -1,0 +1,90 @@
+"""A batch's output: its output and error files made once every line has ended, read as
+they are made (results rendered on the fly), and read in part while the batch runs."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from inferq.domain.batches import Batch, FilePurpose, ResultRow, StoredFile
+from inferq.domain.jobs import JobStatus
+from inferq.store.batches import BatchStore
+from inferq.store.files import FileSize, FileStore
+from inferq.wire.batch_output import render
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartialOutput:
+    """Rendered `lines` of a batch that have ended since a cursor; every line up to
+    `cursor` has ended and is covered (ask again after it); `ended`: so has every line."""
+
+    cursor: int
+    ended: bool
+    lines: Iterator[bytes]
+
+
+class BatchOutput:
+    def __init__(self, *, files: FileStore, batches: BatchStore) -> None:
+        self._files = files
+        self._batches = batches
+
+    def finalize(self, batch_id: str) -> Batch | None:
+        """If every line has ended: make the output and error files and end the batch."""
+        batch = self._batches.start_finalizing(batch_id)
+        if batch is None:
+            return None
+        return self._batches.finish_finalizing(
+            batch_id,
+            output=_measure(self._rendered(batch, errors=False)),
+            errors=_measure(self._rendered(batch, errors=True)),
+        )
+
+    def content(self, file: StoredFile) -> Iterator[bytes]:
+        """A file's bytes, streamed: stored chunks, or a batch's results rendered now."""
+        if file.purpose is FilePurpose.BATCH or file.batch_id is None:
+            return self._files.chunks(file.id)
+        batch = self._batches.get(file.batch_id)
+        return self._rendered(batch, errors=file.id == batch.error_file_id)
+
+    def partial_output(self, batch: Batch, *, after: int, include_errors: bool) -> PartialOutput:
+        """The lines numbered after `after` that have ended, up to the first still queued
+        or running, rendered as in the batch's output file (and, with `include_errors`,
+        its error file, interleaved in input order). Lines never come back to queued once
+        ended, so going on from the cursor neither misses nor repeats one."""
+        first_active = self._batches.first_active_line(batch.id)
+        if first_active is None:
+            cursor = max(after, self._batches.last_line(batch.id) or 0)
+        else:
+            cursor = max(after, first_active - 1)
+        rows = self._batches.results(
+            batch.id, errors=None if include_errors else False, after=after, before=first_active
+        )
+        return PartialOutput(
+            cursor=cursor,
+            ended=first_active is None,
+            lines=_interleaved(rows, endpoint=batch.endpoint),
+        )
+
+    def _rendered(self, batch: Batch, *, errors: bool) -> Iterator[bytes]:
+        """The batch's output file (or, with `errors`, its error file), made from its
+        results."""
+        return render(
+            self._batches.results(batch.id, errors=errors),
+            errors=errors,
+            endpoint=batch.endpoint,
+        )
+
+
+def _interleaved(rows: Iterable[ResultRow], *, endpoint: str) -> Iterator[bytes]:
+    """Succeeded lines as in an output file, the others as in an error file."""
+    for failed, run in itertools.groupby(rows, key=lambda row: row.status != JobStatus.SUCCEEDED):
+        yield from render(run, errors=failed, endpoint=endpoint)
+
+
+def _measure(chunks: Iterator[bytes]) -> FileSize:
+    size = lines = 0
+    for chunk in chunks:
+        size += len(chunk)
+        lines += 1
+    return FileSize(size, lines)

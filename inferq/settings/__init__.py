@@ -1,0 +1,149 @@
+"""The one typed settings object, read from `INFERQ_*` environment variables.
+
+`Settings` is every group of settings at once (each group a module here, by role); a
+constructor that reads one group takes that group, so what it depends on shows in its
+signature. Checks within one group live on the group; checks across groups live here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from inferq.settings.api import ApiSettings, BatchFileSettings
+from inferq.settings.connection import ConnectionSettings, redact_url
+from inferq.settings.engine import DEFAULT_MODEL, LORA_RANKS, EngineSettings
+from inferq.settings.housekeeping import MaintenanceSettings, WebhookSettings
+from inferq.settings.observability import FlowerSettings, LogSettings
+from inferq.settings.worker import WorkerSettings
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "LORA_RANKS",
+    "ApiSettings",
+    "BatchFileSettings",
+    "ConnectionSettings",
+    "EngineSettings",
+    "FlowerSettings",
+    "LogSettings",
+    "MaintenanceSettings",
+    "Settings",
+    "WebhookSettings",
+    "WorkerSettings",
+    "redact_url",
+    "settings_table",
+]
+
+
+# pydantic takes a model's fields from its last base first: the groups are listed last to
+# first, so that the table (`settings_table`) and `inferq settings` read from the
+# connections down.
+class Settings(
+    LogSettings,
+    WebhookSettings,
+    FlowerSettings,
+    ApiSettings,
+    MaintenanceSettings,
+    BatchFileSettings,
+    WorkerSettings,
+    EngineSettings,
+    ConnectionSettings,
+    BaseSettings,
+):
+    """Everything inferq can be told; each field is `INFERQ_<NAME>` in the environment."""
+
+    # An empty variable counts as unset, so compose files can pass `${VAR:-}` through.
+    model_config = SettingsConfigDict(
+        env_prefix="INFERQ_", extra="ignore", frozen=True, env_ignore_empty=True
+    )
+
+    environment: Literal["development", "production"] = Field(
+        "production",
+        description="`development` allows auth off and placeholder secrets; never in production.",
+    )
+
+    @model_validator(mode="after")
+    def _consistent_timeouts(self) -> Settings:
+        # Redis redelivers a message that stayed unacknowledged this long, even if its job
+        # is still running; leases, not redelivery, are how lost work comes back, so the
+        # visibility timeout must stay far above anything a worker waits for.
+        floor = max(4 * self.lease_s, 2 * self.drain_timeout_s, 2 * self.engine_step_timeout_s)
+        if self.visibility_timeout_s < floor:
+            raise ValueError(
+                f"INFERQ_VISIBILITY_TIMEOUT_S is {self.visibility_timeout_s}, but must be at least "
+                f"{floor:g} (4 leases, 2 drain timeouts and 2 engine step timeouts)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _safe_outside_development(self) -> Settings:
+        if self.environment == "development":
+            return self
+        if not self.auth_enabled:
+            raise ValueError(
+                "INFERQ_AUTH_ENABLED=false leaves every tenant's data open; it is allowed only "
+                "with INFERQ_ENVIRONMENT=development"
+            )
+        key = self.bootstrap_admin_key
+        if key is not None and (why := _weak(key.get_secret_value(), at_least=32)):
+            raise ValueError(
+                f"INFERQ_BOOTSTRAP_ADMIN_KEY {why}: generate one with `openssl rand -hex 32`"
+            )
+        auth = self.flower_basic_auth
+        if auth is not None:
+            user, colon, password = auth.get_secret_value().partition(":")
+            if not user or not colon:
+                raise ValueError(
+                    "INFERQ_FLOWER_BASIC_AUTH must be user:password (a user name, a colon, "
+                    "then a password)"
+                )
+            if why := _weak(password, at_least=12):
+                raise ValueError(
+                    f"INFERQ_FLOWER_BASIC_AUTH's password {why}: use a real one, such as "
+                    "`openssl rand -hex 12`"
+                )
+        return self
+
+    @property
+    def effective_worker_concurrency(self) -> int:
+        return self.worker_concurrency or self.engine_max_num_seqs + self.max_batch_size
+
+
+_PLACEHOLDERS = (
+    "changeme",
+    "change-me",
+    "change_me",
+    "changethis",
+    "secret",
+    "password",
+    "example",
+)
+
+
+def _weak(secret: str, *, at_least: int) -> str | None:
+    """Why `secret` will not do (None: it will)."""
+    if len(secret) < at_least:
+        return f"is {len(secret)} character{'s' * (len(secret) != 1)}, shorter than {at_least}"
+    lowered = secret.lower()
+    if word := next((w for w in _PLACEHOLDERS if w in lowered), None):
+        return f"contains {word!r}, which placeholders do"
+    if len(set(lowered)) <= 2:
+        return "repeats one or two characters, as placeholders do"
+    return None
+
+
+def settings_table() -> str:
+    """Every setting as a Markdown table: variable, default, meaning (for the README)."""
+    lines = ["| variable | default | meaning |", "|---|---|---|"]
+    for name, field in Settings.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        shown = (
+            "(unset)"
+            if default is None
+            else f"`{json.dumps(default) if isinstance(default, dict) else default}`"
+        )
+        lines.append(f"| `INFERQ_{name.upper()}` | {shown} | {field.description} |")
+    return "\n".join(lines)

@@ -1,0 +1,190 @@
+"""The engine's settings: the model, vLLM's arguments and the engine's own limits."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import BaseModel, ByteSize, Field, field_validator, model_validator
+from pydantic_settings import NoDecode
+
+DEFAULT_MODEL = "hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4"
+# vLLM 0.32 sizes its LoRA buffers for these ranks only (vllm/config/lora.py).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+class EngineSettings(BaseModel):
+    """The model and vLLM's engine: what a GPU worker loads, and what the API learns of it
+    (its names, tokenizer and context) from the worker's registration."""
+
+    model: str = Field(DEFAULT_MODEL, description="Hugging Face id or local path of the model.")
+    served_model_name: str | None = Field(
+        None, description="Name clients use in `model`; defaults to `model`."
+    )
+    tokenizer: str | None = Field(None, description="Tokenizer id or path; defaults to `model`.")
+    max_model_len: int | None = Field(
+        None, ge=16, description="Context length in tokens; defaults to the model's own."
+    )
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="Fraction of GPU memory vLLM may use (not used on a CPU)."
+    )
+    max_num_seqs: int = Field(
+        256, ge=1, description="Most sequences in flight in the engine for batch lines."
+    )
+    interactive_seqs: int | None = Field(
+        None,
+        ge=0,
+        description="Engine slots on top of max_num_seqs that only single jobs use, so one "
+        "never waits for a full engine of batch lines; max_num_seqs / 8 (at least 1) if unset.",
+    )
+    kv_cache_memory_bytes: ByteSize | None = Field(
+        None,
+        description="KV-cache size (`4GiB`, `512MiB` or bytes). Unset: on a CPU, what "
+        "max_num_seqs sequences of max_model_len need, at most half of what is free after the "
+        "weights; on a "
+        "GPU, what gpu_memory_utilization leaves after the weights.",
+    )
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, description="Most tokens in one engine step; vLLM chooses when unset."
+    )
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs one model is split across.")
+    quantization: str | None = Field(
+        None, description="vLLM quantization method (`awq`, `gptq`, ...); detected when unset."
+    )
+    dtype: str = Field(
+        "auto", description="Activation dtype (`auto`, `bfloat16`, `float16`, `float32`)."
+    )
+    enable_prefix_caching: bool = Field(True, description="Reuse KV cache of shared prefixes.")
+    enforce_eager: bool = Field(
+        False, description="Skip CUDA graphs and compilation: slower, but starts sooner."
+    )
+    engine_seed: int = Field(0, description="Engine seed, for reproducible unseeded sampling.")
+    tool_call_parser: str | None = Field(
+        "llama3_json",
+        description="vLLM's tool-call parser for the model family (`llama3_json`, `hermes`, "
+        "`mistral`, ...), which reads calls out of chats with `tools` and `tool_choice` auto; "
+        "`none` refuses tool_choice auto.",
+    )
+    engine_extra_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Further vLLM engine arguments, as a JSON object.",
+    )
+    engine_step_timeout_s: float = Field(
+        300, gt=0, description="An engine step longer than this is a hang: the engine restarts."
+    )
+    max_engine_deaths: int = Field(
+        3, ge=1, description="Engine deaths a request may see before it fails as poison."
+    )
+    runner: Literal["generate", "pooling"] = Field(
+        "generate",
+        description="`generate` serves completions; `pooling` serves embeddings (`/v1/embeddings`) "
+        "through vLLM's pooling runner.",
+    )
+    lora_adapters: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="LoRA adapters of the model, each served as its own model name: "
+        "`name=path-or-hf-id` pairs, comma-separated (or a JSON object).",
+    )
+    max_loras: int = Field(4, ge=1, description="Most LoRA adapters in one engine step.")
+    max_lora_rank: int = Field(
+        16,
+        description="Largest LoRA rank an adapter may have: "
+        + ", ".join(map(str, LORA_RANKS))
+        + " (what vLLM allows).",
+    )
+    engine: Literal["vllm", "pipeline-only"] = Field(
+        "vllm",
+        description="`vllm`; `pipeline-only` answers without a model (placeholder tokens, zero "
+        "vectors), to measure the pipeline in benchmarks and tests.",
+    )
+    allow_pipeline_only_engine: bool = Field(
+        False,
+        description="Benchmarks and tests only: lets INFERQ_ENGINE=pipeline-only start, whose "
+        "answers are placeholders, not a model's.",
+    )
+
+    @field_validator("engine_extra_args", mode="before")
+    @classmethod
+    def _parse_json_object(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return json.loads(value) if value.strip() else {}
+        return value
+
+    @field_validator("lora_adapters", mode="before")
+    @classmethod
+    def _name_value_pairs(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        if value.strip().startswith("{"):
+            return json.loads(value)
+        pairs = {}
+        for part in (p.strip() for p in value.split(",")):
+            name, sep, path = part.partition("=")
+            if part and (not sep or not name.strip() or not path.strip()):
+                raise ValueError(f"{part!r} is not name=path")
+            if part:
+                pairs[name.strip()] = path.strip()
+        return pairs
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _lora_rank(cls, value: int) -> int:
+        if value not in LORA_RANKS:
+            raise ValueError(f"must be one of {', '.join(map(str, LORA_RANKS))}")
+        return value
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _no_parser(cls, value: str | None) -> str | None:
+        # An empty value is ignored (the default stands): `none` is how to have no parser.
+        return None if value is not None and value.lower() == "none" else value
+
+    @field_validator("served_model_name")
+    @classmethod
+    def _plain_name(cls, value: str | None) -> str | None:
+        if value is not None and ("," in value or not value.strip()):
+            raise ValueError("a served model name must not be empty or hold a comma")
+        return value
+
+    @model_validator(mode="after")
+    def _adapters_named_apart(self) -> Self:
+        for name in self.lora_adapters:
+            if name == self.model_name or "," in name:
+                raise ValueError(
+                    f"INFERQ_LORA_ADAPTERS: adapter name {name!r} must differ from the model's "
+                    "served name and hold no comma"
+                )
+        if self.lora_adapters and self.runner == "pooling":
+            raise ValueError("INFERQ_LORA_ADAPTERS needs INFERQ_RUNNER=generate")
+        return self
+
+    @model_validator(mode="after")
+    def _pipeline_only_on_purpose(self) -> Self:
+        # Any tenant's job would "succeed" with placeholder text: a deployment must ask for it.
+        if self.engine == "pipeline-only" and not self.allow_pipeline_only_engine:
+            raise ValueError(
+                "INFERQ_ENGINE=pipeline-only answers with placeholder tokens, not a model, and "
+                "is for benchmarks and tests only: set INFERQ_ALLOW_PIPELINE_ONLY_ENGINE=true "
+                "to run it"
+            )
+        return self
+
+    @property
+    def model_name(self) -> str:
+        """The name clients put in `model`."""
+        return self.served_model_name or self.model
+
+    @property
+    def tokenizer_name(self) -> str:
+        return self.tokenizer or self.model
+
+    @property
+    def effective_interactive_seqs(self) -> int:
+        if self.interactive_seqs is not None:
+            return self.interactive_seqs
+        return max(1, self.max_num_seqs // 8)
+
+    @property
+    def engine_max_num_seqs(self) -> int:
+        """The engine's own `max_num_seqs`: batch lines' slots plus single jobs'."""
+        return self.max_num_seqs + self.effective_interactive_seqs

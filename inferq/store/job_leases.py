@@ -1,0 +1,153 @@
+"""The GPU worker's half of the job store: jobs claimed under a lease, leases renewed while
+the engine runs them, jobs given back at shutdown, and results written. `JobStore` has
+these calls; the worker depends on them alone (`worker.store.WorkerStore`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+
+from sqlalchemy import and_, or_, select, update
+
+from inferq.domain.jobs import ClaimedJob, JobOutcome, JobStatus
+from inferq.store.batch_counts import count_finished, lock_batches_of
+from inferq.store.bulk import update_rows
+from inferq.store.job_rows import ACTIVE, CLAIMED_COLUMNS, claimed_job, outcome_values
+from inferq.store.models import JobRow
+from inferq.store.outbox import EndedJob, OutboxStore, enqueue_job_events
+
+
+class JobLeases(OutboxStore):
+    """Claims, leases and results of the jobs GPU workers run."""
+
+    def claim_jobs(self, job_ids: Sequence[str], *, worker: str, lease_s: int) -> list[ClaimedJob]:
+        """Take jobs for `worker`: queued ones, and running ones whose lease ran out.
+
+        Jobs that are finished, cancelled or held under a live lease are skipped, which is
+        what makes a redelivered message harmless.
+        """
+        now = self._clock()
+        claimable = or_(
+            JobRow.status == JobStatus.QUEUED.value,
+            and_(JobRow.status == JobStatus.RUNNING.value, JobRow.lease_expires_at < now),
+        )
+        statement = (
+            update(JobRow)
+            .where(JobRow.id.in_(job_ids), claimable)
+            .values(
+                status=JobStatus.RUNNING.value,
+                worker=worker,
+                started_at=now,
+                lease_expires_at=now + timedelta(seconds=lease_s),
+                attempts=JobRow.attempts + 1,
+            )
+            .returning(*CLAIMED_COLUMNS)
+            .execution_options(synchronize_session=False)
+        )
+        with self._transaction() as session:
+            rows = session.execute(statement).all()
+        by_id = {row.id: claimed_job(row, now) for row in rows}
+        return [by_id[job_id] for job_id in job_ids if job_id in by_id]
+
+    def renew_leases(self, job_ids: Sequence[str], *, worker: str, lease_s: int) -> set[str]:
+        """Extend `worker`'s leases; return the ids it no longer holds (cancelled, finished
+        or taken by another worker). A job that went back to queued while `worker` still
+        had it (its lease lapsed during a database outage) is taken back: nobody else has
+        it, and its work is already in this worker's engine."""
+        if not job_ids:
+            return set()
+        statement = (
+            update(JobRow)
+            .where(
+                JobRow.id.in_(job_ids),
+                or_(
+                    and_(JobRow.status == JobStatus.RUNNING.value, JobRow.worker == worker),
+                    JobRow.status == JobStatus.QUEUED.value,
+                ),
+            )
+            .values(
+                status=JobStatus.RUNNING.value,
+                worker=worker,
+                lease_expires_at=self._clock() + timedelta(seconds=lease_s),
+            )
+            .returning(JobRow.id)
+            .execution_options(synchronize_session=False)
+        )
+        with self._transaction() as session:
+            held = set(session.scalars(statement).all())
+        return set(job_ids) - held
+
+    def release_jobs(
+        self, job_ids: Sequence[str], *, worker: str, requeue_after_s: int
+    ) -> list[str]:
+        """Give `worker`'s unfinished jobs back (status queued), e.g. when it shuts down.
+        Their messages go back to Redis too; the lease is a fallback should they not."""
+        if not job_ids:
+            return []
+        statement = (
+            update(JobRow)
+            .where(
+                JobRow.id.in_(job_ids),
+                JobRow.status == JobStatus.RUNNING.value,
+                JobRow.worker == worker,
+            )
+            .values(
+                status=JobStatus.QUEUED.value,
+                worker=None,
+                started_at=None,
+                lease_expires_at=self._clock() + timedelta(seconds=requeue_after_s),
+            )
+            .returning(JobRow.id)
+            .execution_options(synchronize_session=False)
+        )
+        with self._transaction() as session:
+            return list(session.scalars(statement).all())
+
+    def touch_published(self, job_ids: Sequence[str]) -> None:
+        """Note that these queued jobs' messages are held by a live worker right now."""
+        if not job_ids:
+            return
+        with self._transaction() as session:
+            session.execute(
+                update(JobRow)
+                .where(JobRow.id.in_(job_ids), JobRow.status == JobStatus.QUEUED.value)
+                .values(published_at=self._clock())
+                .execution_options(synchronize_session=False)
+            )
+
+    def finish_jobs(self, outcomes: Sequence[JobOutcome]) -> list[str]:
+        """Write results and errors in one transaction, each only if its job is still
+        queued or running. Returns the ids written; the others had already ended."""
+        if not outcomes:
+            return []
+        now = self._clock()
+        ids = [o.job_id for o in outcomes]
+        with self._transaction() as session:
+            lock_batches_of(session, ids)
+            rows = session.execute(
+                select(
+                    JobRow.id,
+                    JobRow.tenant,
+                    JobRow.webhook_endpoint_id,
+                    JobRow.webhook_events,
+                    JobRow.batch_id,
+                    JobRow.prompt_tokens,
+                )
+                .where(JobRow.id.in_(ids), JobRow.status.in_(ACTIVE))
+                .with_for_update()
+            ).all()
+            live = {row.id for row in rows}
+            values = {o.job_id: outcome_values(o, now) for o in outcomes if o.job_id in live}
+            update_rows(session, JobRow, list(values.values()))
+            count_finished(session, rows, values)
+            queued = enqueue_job_events(
+                session,
+                [
+                    EndedJob(row.id, row.tenant, values[row.id]["status"], *row[2:4])
+                    for row in rows
+                    if row.webhook_endpoint_id is not None
+                ],
+                now,
+            )
+        self._wake_delivery(queued)
+        return [job_id for job_id in ids if job_id in live]

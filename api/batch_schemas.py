@@ -84,10 +84,3 @@ class BatchCreate(BaseModel):
 
 class BatchList(ListPage[BatchPublic]):
     pass
-
-
-def expiry_s(requested: ExpiresAfter | None, default_s: int) -> int | None:
-    """How long an object is kept: as asked, else the deployment's retention (0: kept)."""
-    if requested is not None:
-        return requested.seconds
-    return default_s or None

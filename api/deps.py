@@ -28,7 +28,7 @@ from inferq.operations.batches import BatchOperations
 from inferq.operations.files import FileOperations
 from inferq.operations.jobs import JobOperations
 from inferq.operations.webhooks import WebhookOperations
-from inferq.settings import Settings
+from inferq.settings import ApiSettings
 from inferq.wire.model_catalog import ModelCatalog
 
 T = TypeVar("T")
@@ -67,7 +67,8 @@ def _taken(pick: Callable[[ApiServices], T]) -> Callable[[Request], Awaitable[T]
     return dependency
 
 
-SettingsDep = Annotated[Settings, Depends(_taken(lambda s: s.app.settings))]
+# The API's own settings group (limits, waits); the rest is its operations' business.
+ApiSettingsDep = Annotated[ApiSettings, Depends(_taken(lambda s: s.app.settings))]
 JobOpsDep = Annotated[JobOperations, Depends(_taken(lambda s: s.app.job_operations))]
 BatchOpsDep = Annotated[BatchOperations, Depends(_taken(lambda s: s.app.batch_operations))]
 BatchOutputDep = Annotated[BatchOutput, Depends(_taken(lambda s: s.app.batch_output))]

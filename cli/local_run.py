@@ -249,6 +249,7 @@ class LocalRun:
             events=_NoBroker(),
             output=self._output,
             max_lines=NO_LIMIT,
+            retention_s=0,  # the state file is the user's to delete
             requeue_after_s=self.settings.requeue_after_s,
         )
 

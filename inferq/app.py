@@ -155,6 +155,7 @@ class App:
             output=self.batch_output,
             max_lines=self.settings.max_batch_lines,
             requeue_after_s=self.settings.requeue_after_s,
+            retention_s=self.settings.job_retention_s,
         )
 
     @cached_property

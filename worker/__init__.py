@@ -1,1 +1,2 @@
-"""The GPU worker: engine loop, admission, result writing; and the GPU-less tasks."""
+"""The GPU worker (`inferq worker`): the engine loop, admission, leases and result
+writing, around the engine adapter in `worker/engine/`."""

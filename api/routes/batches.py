@@ -9,13 +9,12 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.batch_schemas import BatchCreate, BatchList, expiry_s
+from api.batch_schemas import BatchCreate, BatchList
 from api.deps import (
     BatchOpsDep,
     BatchOutputDep,
     IdempotencyDep,
     PrincipalDep,
-    SettingsDep,
     SubmissionDep,
 )
 from api.errors import error_responses
@@ -33,13 +32,13 @@ async def create_batch(
     batches: BatchOpsDep,
     submission: SubmissionDep,
     idempotency: IdempotencyDep,
-    settings: SettingsDep,
     principal: PrincipalDep,
     idempotency_key: IdempotencyKey = None,
 ) -> BatchPublic | JSONResponse:
     """Create a batch: every line of the file is checked and queued, or the batch fails
     with the refused lines in `errors` and nothing queued."""
     webhook = await submission.checked_webhook(body.webhook_url, body.webhook_events)
+    expires = body.output_expires_after
 
     async def create(request: IdempotentRequest | None) -> BatchPublic:
         batch = await run_in_threadpool(
@@ -53,9 +52,7 @@ async def create_batch(
                 webhook=webhook,
                 priority=body.priority,
                 idempotency=request,
-                output_expires_after_s=expiry_s(
-                    body.output_expires_after, settings.job_retention_s
-                ),
+                output_expires_after_s=expires.seconds if expires else None,
             )
         )
         return BatchPublic.from_batch(batch)

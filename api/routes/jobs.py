@@ -12,12 +12,12 @@ from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import (
+    ApiSettingsDep,
     FollowerDep,
     IdempotencyDep,
     JobOpsDep,
     PrincipalDep,
     ReadDep,
-    SettingsDep,
     SubmissionDep,
     WaiterDep,
 )
@@ -79,7 +79,7 @@ async def get_job(
     job_id: str,
     reads: ReadDep,
     waiter: WaiterDep,
-    settings: SettingsDep,
+    settings: ApiSettingsDep,
     principal: PrincipalDep,
     wait: Annotated[
         float,

@@ -58,10 +58,12 @@ class BatchOperations:
         output: BatchOutput,
         max_lines: int,
         requeue_after_s: int,
+        retention_s: int,
         respond: Respond = batch_json,
     ) -> None:
-        """`respond` renders a new batch as the body of its response, to be remembered
-        for an idempotent request."""
+        """`retention_s`: how long an ended batch is kept unless it says (0: kept);
+        `respond` renders a new batch as the body of its response, to be remembered for an
+        idempotent request."""
         self.files = files
         self.batches = batches
         self._models = models
@@ -70,6 +72,7 @@ class BatchOperations:
         self._output = output
         self._max_lines = max_lines
         self._requeue_after_s = requeue_after_s
+        self._retention_s = retention_s
         self._respond = respond
 
     def create(
@@ -88,7 +91,8 @@ class BatchOperations:
         """Check every line of the file and queue a job per line, or fail the batch with
         the refused lines listed. Nothing is half-written either way; the response to a
         request with an idempotency key is remembered with what it wrote. Once it ends,
-        its lines, results and files are kept `output_expires_after_s` (None: kept)."""
+        its lines, results and files are kept `output_expires_after_s` (None: the
+        deployment's retention)."""
         window = parse_completion_window(completion_window)
         try:
             source = self.files.get(input_file_id, scope=tenant)
@@ -110,7 +114,9 @@ class BatchOperations:
             webhook=webhook,
             priority=priority,
             idempotency=idempotency,
-            output_expires_after_s=output_expires_after_s,
+            output_expires_after_s=output_expires_after_s
+            if output_expires_after_s is not None
+            else self._retention_s or None,
         )
         if source.lines > self._max_lines:
             error = LineError(

@@ -39,7 +39,7 @@ class SeedKillsEngine:
         if request.sampling.seed == self._seed:
             log.warning("fault hook: request %s kills the engine core", request.job_id)
             # As the watchdog kills a hung core.
-            self._engine._kill_core()
+            self._engine.kill_core()
 
     def __getattr__(self, name: str) -> Any:
         # The rest of the Engine interface, and what registration reads (max_model_len, ...).

@@ -101,5 +101,5 @@ def test_an_adapter_vllm_cannot_load_fails_the_start_and_closes_the_engine() -> 
         adapters={"big": "/adapters/big"},
     )
     with pytest.raises(EngineStartFailed, match=r"adapter 'big' from /adapters/big: .*rank 32"):
-        engine._load_adapters()
+        engine.load_adapters()
     assert core.shut_down

@@ -162,7 +162,8 @@ class SteppedVllm:
         manager = getattr(self._engine.engine_core.resources, "engine_manager", None)
         return list(getattr(manager, "processes", ()))
 
-    def _kill_core(self) -> None:
+    def kill_core(self) -> None:
+        """SIGKILL vLLM's engine core processes, as the watchdog does to a hung core."""
         for process in self._core_processes():
             if process.pid is not None:
                 with contextlib.suppress(ProcessLookupError):
@@ -176,7 +177,7 @@ class SteppedVllm:
             started = self._step_started
             if started is not None and time.monotonic() - started > self._step_timeout_s:
                 log.error("an engine step has run %.0f s: the engine hangs", self._step_timeout_s)
-                self._kill_core()
+                self.kill_core()
                 core.resources.engine_dead = True
             if core.resources.engine_dead:
                 # Wake a step() blocked on the output queue (and fail the next one).

@@ -75,10 +75,10 @@ class VllmEngine(SteppedVllm):
             served_name=settings.model_name,
             adapters=settings.lora_adapters,
         )
-        engine._load_adapters()
+        engine.load_adapters()
         return engine
 
-    def _load_adapters(self) -> None:
+    def load_adapters(self) -> None:
         """Load every adapter now: `EngineStartFailed` (the engine closed) for one vLLM
         cannot load, which would otherwise kill the engine core at its first job."""
         for lora in self._loras.values():

@@ -39,9 +39,9 @@ def _json(data: Mapping[str, Any]) -> str:
 async def openai_chunks(
     followed: Followed, *, job: Job, chat: bool, model: str, include_usage: bool
 ) -> AsyncIterator[str]:
-    """A job's output as `chat.completion.chunk`s (role first) or streamed
-    `text_completion`s, one choice a chunk, the finish reason on each choice's last; the
-    usage chunk if asked for; then `[DONE]`.
+    """A job's output as `chat.completion.chunk`s (the role first, sent with the first
+    output) or streamed `text_completion`s, one choice a chunk, the finish reason on each
+    choice's last; the usage chunk if asked for; then `[DONE]`.
 
     A chat whose output may hold tool calls is sent once it has ended (follow it with
     `stored=True`): the calls are read out of the whole output, and its raw text must not
@@ -62,12 +62,16 @@ async def openai_chunks(
             )
         )
 
-    if chat:
-        for index in range(job.sampling.n):
-            yield render([chat_role_choice(index)])
+    # The roles go with the first output (or the end), as vLLM sends them: a client that
+    # stamps its time to first token at the first chunk then measures the first token, not
+    # the queueing. SSE comments keep the connection alive meanwhile (`event_stream`).
+    roles = [render([chat_role_choice(i)]) for i in range(job.sampling.n)] if chat else []
     offsets = [0] * job.sampling.n
     try:
         async for item in followed:
+            for role in roles:
+                yield role
+            roles = []
             if isinstance(item, Ended):
                 for event in _ending(
                     item, job_id=job.id, held=held, include_usage=include_usage, render=render

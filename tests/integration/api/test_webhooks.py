@@ -86,7 +86,9 @@ def test_a_finished_job_is_pushed_signed_with_its_result(
     assert job["id"] == job_id
     assert job["status"] == "succeeded"
     assert job["metadata"] == {"run": "hooks"}
-    assert job["choices"][0]["text"]
+    # The result as stored (the tiny random model's few tokens may decode to no text).
+    assert job["choices"] == api.get(f"/v1/jobs/{job_id}").json()["choices"]
+    assert len(job["choices"]) == 1
     assert job["usage"]["completion_tokens"] > 0
     delivery = _wait_delivery(api, "succeeded", job_id=job_id)
     assert request.headers["webhook-id"] == delivery["id"]

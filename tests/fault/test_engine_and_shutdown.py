@@ -63,7 +63,9 @@ def test_sigterm_finishes_in_flight_work_and_returns_the_rest(
         INFERQ_WORKER_CONCURRENCY="32",
         INFERQ_DRAIN_TIMEOUT_S="60",
     )
-    ids = deployed.submit(_bodies(40, 300))
+    # 900 tokens a job: ten waves of four that a quick machine does not finish before one
+    # has ended and more are running.
+    ids = deployed.submit(_bodies(40, 900))
     deployed.wait_done_and_running(ids, 1)
     stopped_at = datetime.now(UTC)
     worker.signal(signal.SIGTERM)

@@ -33,23 +33,29 @@ def _job_id(request: Received) -> str:
     return str(json.loads(request.body)["data"]["id"])
 
 
+# Long enough that a quick machine still has jobs running when a wave has ended.
+TOKENS = 300
+
+
 def test_sigkill_with_200_jobs_in_flight_loses_nothing(deployment: DeploymentFactory) -> None:
     with receiver() as hooks:
         deployed = deployment()
-        bodies = [{**body, "webhook_url": hooks.url("/done")} for body in _bodies(200, 48)]
+        bodies = [{**body, "webhook_url": hooks.url("/done")} for body in _bodies(200, TOKENS)]
         # Queued before the worker starts, so that it has a backlog to hold when killed
         # (on a loaded machine submitting can be slower than running).
         ids = deployed.submit(bodies)
         first = deployed.start_worker("gpu-a", INFERQ_MAX_NUM_SEQS="64", INFERQ_MAX_BATCH_SIZE="32")
         deployed.wait_done_and_running(ids, 60)
-        first.kill_group()
-        running_at_kill = sum(1 for j in deployed.jobs(ids) if j.status is JobStatus.RUNNING)
+        # Frozen, so that no job ends between the count and the kill.
+        with first.frozen():
+            running_at_kill = sum(1 for j in deployed.jobs(ids) if j.status is JobStatus.RUNNING)
+            first.kill_group()
         deployed.start_worker("gpu-b", INFERQ_MAX_NUM_SEQS="64", INFERQ_MAX_BATCH_SIZE="32")
         jobs = deployed.wait_all_ended(ids)
 
         assert running_at_kill > 0
         assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 200
-        assert all(j.result is not None and j.result.completion_tokens == 48 for j in jobs)
+        assert all(j.result is not None and j.result.completion_tokens == TOKENS for j in jobs)
         # The jobs the dead worker held ran again, and still have one result each ...
         assert Counter(j.attempts for j in jobs)[2] >= running_at_kill
         # ... and one webhook each: one outbox row per job, so one webhook-id per job.

@@ -6,14 +6,15 @@ statements."""
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from psycopg import sql
 from sqlalchemy import JSON, Column, Table, insert, update
 from sqlalchemy.orm import DeclarativeBase, Session
+
+from inferq.store import text_codec
 
 
 def insert_rows(
@@ -28,7 +29,7 @@ def insert_rows(
         return
     attributes = list(rows[0])
     columns = _columns(model, attributes)
-    as_json = [isinstance(column.type, JSON) for column in columns]
+    encoders = [_encoder(column) for column in columns]
     names = ", ".join(f'"{column.name}"' for column in columns)
     raw = session.connection().connection.driver_connection
     assert raw is not None
@@ -37,8 +38,8 @@ def insert_rows(
         for row in rows:
             copy.write_row(
                 [
-                    json.dumps(row[name]) if is_json else row[name]
-                    for name, is_json in zip(attributes, as_json, strict=True)
+                    row[name] if encode is None else encode(row[name])
+                    for name, encode in zip(attributes, encoders, strict=True)
                 ]
             )
 
@@ -72,9 +73,10 @@ def _update_group(
     columns = _columns(model, attributes)
     arrays = []
     for name, column in zip(attributes, columns, strict=True):
+        encode = _encoder(column)
         values = [row[name] for row in rows]
-        if isinstance(column.type, JSON):
-            values = [json.dumps(value) for value in values]
+        if encode is not None:
+            values = [encode(value) for value in values]
         arrays.append(values)
     statement = sql.SQL(
         "UPDATE {table} AS t SET {assignments} FROM unnest({arrays}) AS v({names}) "
@@ -98,6 +100,20 @@ def _update_group(
     assert raw is not None
     with raw.cursor() as cursor:
         cursor.execute(statement, arrays)
+
+
+def _encoder(column: Column[Any]) -> Callable[[Any], str | None] | None:
+    """What the column's type does to a value on the way in, which COPY and the arrays
+    of `update_rows` must do by hand (`inferq.store.text_codec`)."""
+    if isinstance(column.type, JSON):
+        return text_codec.dumps  # None too: JSON null, as the ORM stores it
+    if isinstance(column.type, text_codec.StoredText):
+        return _escaped_text
+    return None
+
+
+def _escaped_text(value: str | None) -> str | None:
+    return None if value is None else text_codec.escape(value)
 
 
 def _columns(model: type[DeclarativeBase], attributes: Sequence[str]) -> list[Column[Any]]:

@@ -5,12 +5,19 @@ from __future__ import annotations
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
+from inferq.store import text_codec
+
 
 def make_engine(database_url: str, *, pool_size: int = 10) -> Engine:
     """An engine whose pooled connections are checked before use, so a database restart
     costs one failed attempt at most rather than a pool full of dead connections."""
     if database_url.startswith("sqlite"):
-        engine = create_engine(database_url, connect_args={"check_same_thread": False})
+        engine = create_engine(
+            database_url,
+            connect_args={"check_same_thread": False},
+            json_serializer=text_codec.dumps,
+            json_deserializer=text_codec.loads,
+        )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     return create_engine(
@@ -19,6 +26,8 @@ def make_engine(database_url: str, *, pool_size: int = 10) -> Engine:
         max_overflow=pool_size,
         pool_pre_ping=True,
         pool_recycle=1800,
+        json_serializer=text_codec.dumps,
+        json_deserializer=text_codec.loads,
     )
 
 

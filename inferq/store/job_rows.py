@@ -170,20 +170,10 @@ def outcome_values(outcome: JobOutcome, now: datetime) -> dict[str, Any]:
     if outcome.started_at is not None:
         values["started_at"] = outcome.started_at
     if outcome.result is not None:
-        values["choices"] = [_storable_choice(c.to_dict()) for c in outcome.result.choices]
+        values["choices"] = [choice.to_dict() for choice in outcome.result.choices]
         values["completion_tokens"] = outcome.result.completion_tokens
         if outcome.result.embedding is not None:
             values["embedding"] = outcome.result.embedding
     if outcome.error is not None:
         values["error"] = outcome.error.to_dict()
     return values
-
-
-def _storable_choice(choice: dict[str, Any]) -> dict[str, Any]:
-    """Postgres text cannot hold NUL, which a model may well generate: it becomes U+FFFD."""
-    choice["text"] = choice["text"].replace("\x00", "\ufffd")
-    for entry in choice["logprobs"] or ():
-        entry["token"] = entry["token"].replace("\x00", "\ufffd")
-        for alternative in entry["top_logprobs"]:
-            alternative["token"] = alternative["token"].replace("\x00", "\ufffd")
-    return choice

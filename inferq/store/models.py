@@ -24,6 +24,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from inferq.store.text_codec import StoredText
+
 # JSONB on Postgres, JSON text elsewhere (SQLite, for `inferq run`).
 Json = JSON().with_variant(JSONB(), "postgresql")
 Timestamp = DateTime(timezone=True)
@@ -50,7 +52,8 @@ class JobRow(Base):
     # The Celery queue it is published to (inferq/broker/queues.py).
     queue: Mapped[str] = mapped_column(Text)
     model: Mapped[str] = mapped_column(Text)
-    prompt: Mapped[str | None] = mapped_column(Text)
+    # User text is StoredText and Json: NUL and all (inferq.store.text_codec).
+    prompt: Mapped[str | None] = mapped_column(StoredText)
     messages: Mapped[list[dict[str, Any]] | None] = mapped_column(Json)
     prompt_token_ids: Mapped[bytes] = mapped_column(LargeBinary)
     prompt_tokens: Mapped[int] = mapped_column(Integer)
@@ -68,7 +71,7 @@ class JobRow(Base):
     error: Mapped[dict[str, str] | None] = mapped_column(Json)
     batch_id: Mapped[str | None] = mapped_column(String(64))
     line: Mapped[int | None] = mapped_column(Integer)
-    custom_id: Mapped[str | None] = mapped_column(Text)
+    custom_id: Mapped[str | None] = mapped_column(StoredText)
     webhook_endpoint_id: Mapped[str | None] = mapped_column(String(64))
     webhook_events: Mapped[list[str] | None] = mapped_column(Json)
     priority: Mapped[int] = mapped_column(SmallInteger, default=0, server_default="0")
@@ -154,7 +157,7 @@ class FileRow(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(128))
     purpose: Mapped[str] = mapped_column(String(32))
-    filename: Mapped[str] = mapped_column(Text)
+    filename: Mapped[str] = mapped_column(StoredText)
     bytes: Mapped[int] = mapped_column(BigInteger)
     lines: Mapped[int] = mapped_column(Integer)
     batch_id: Mapped[str | None] = mapped_column(String(64))

@@ -55,9 +55,10 @@ Priority = Annotated[
 
 
 def check_storable(text: str, param: str) -> None:
-    """Postgres text holds neither NUL nor unpaired surrogates; say so instead of failing."""
-    if "\x00" in text:
-        raise InvalidRequest(f"{param} contains a NUL character (\\u0000): remove it", param=param)
+    """A string that is not Unicode (an unpaired surrogate) can be neither stored nor
+    tokenized; say so instead of failing. NUL is stored (`inferq.store.text_codec`)."""
+    if text.isascii():
+        return
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:

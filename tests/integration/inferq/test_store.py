@@ -4,6 +4,7 @@ SQLite (the store behind `inferq run`), migrated by the same Alembic migrations.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from inferq.exceptions import InvalidState, NotFound, StoreUnavailable
 from inferq.store.engine import make_engine, make_sessions
 from inferq.store.jobs import JobStore
 from inferq.store.migrate import upgrade
+from inferq.store.text_codec import ESCAPE
 from tests.helpers.clock import Clock
 from tests.helpers.jobs import create_jobs
 
@@ -168,13 +170,18 @@ def test_a_finished_job_cannot_be_claimed_or_cancelled(store: JobStore) -> None:
         store.cancel_job(job.id)
 
 
-def test_nul_characters_in_generated_text_are_stored_as_replacement(store: JobStore) -> None:
-    [job] = create_jobs(store, [_spec()], queue="interactive")
+def test_nul_characters_in_requests_and_results_read_back_exactly(store: JobStore) -> None:
+    """Postgres text holds no NUL; the store keeps it anyway (inferq.store.text_codec)."""
+    tricky = f"a\x00b{ESCAPE}0{ESCAPE}1"
+    spec = replace(_spec(tricky), metadata={f"k\x00{ESCAPE}": tricky})
+    [job] = create_jobs(store, [spec], queue="interactive")
+    read = store.get_job(job.id)
+    assert (read.prompt, read.metadata) == (tricky, {f"k\x00{ESCAPE}": tricky})
     store.claim_jobs([job.id], worker="w", lease_s=30)
-    assert store.finish_jobs([JobOutcome(job_id=job.id, result=_result("a\x00b"))]) == [job.id]
+    assert store.finish_jobs([JobOutcome(job_id=job.id, result=_result(tricky))]) == [job.id]
     result = store.get_job(job.id).result
     assert result is not None
-    assert result.choices[0].text == "a\ufffdb"
+    assert result.choices[0].text == tricky
 
 
 def test_listing_pages_newest_first_with_a_status_filter(store: JobStore, clock: Clock) -> None:

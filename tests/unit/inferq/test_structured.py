@@ -295,19 +295,19 @@ def test_auto_calls_are_read_by_vllms_parser_for_the_model_family(tiny_model: Pa
     assert unfit.parse('{"name": "x", "parameters": {}}') == ('{"name": "x", "parameters": {}}', [])
 
 
-def test_what_postgres_cannot_store_or_too_deep_a_schema_is_refused(
+def test_text_that_is_not_unicode_or_too_deep_a_schema_is_refused(
     validator: JobValidator,
 ) -> None:
-    nul = refusal(validator, structured_outputs={"choice": ["yes", "n\x00o"]})
-    assert nul.param == "structured_outputs"
-    assert "NUL" in nul.message
+    lone = refusal(validator, structured_outputs={"json": {"enum": ["yes", "n\ud800o"]}})
+    assert lone.param == "structured_outputs"
+    assert "surrogate" in lone.message
     deep: dict[str, Any] = {"type": "object"}
     for _ in range(2000):
         deep = {"type": "array", "items": deep}
     too_deep = refusal(validator, structured_outputs={"json": deep})
     assert too_deep.param == "structured_outputs.json"
     assert "nested too deeply" in too_deep.message
-    call = {"id": "c\x00", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    call = {"id": "c\ud800", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     with pytest.raises(InvalidRequest) as caught:
         validator.spec(
             model=None,

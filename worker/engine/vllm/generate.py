@@ -198,11 +198,6 @@ def _sampling_params(params: SamplingParams, *, stream: bool) -> VllmSamplingPar
     )
 
 
-def storable(text: str) -> str:
-    """Text as Postgres can hold it: NUL, which a model may well generate, becomes U+FFFD."""
-    return text.replace("\x00", "\ufffd")
-
-
 def _result(output: RequestOutput, top_k: int) -> JobResult:
     return JobResult(
         choices=tuple(_choice(c, top_k) for c in sorted(output.outputs, key=lambda c: c.index)),
@@ -262,8 +257,7 @@ class _Streamed:
                 )
             delta = ChoiceDelta(
                 index=completion.index,
-                # As the result will be stored: followers see the same text live and after.
-                text=storable(completion.text),
+                text=completion.text,
                 offset=so_far.tokens,
                 tokens=len(completion.token_ids),
                 logprobs=logprobs,

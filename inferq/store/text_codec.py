@@ -1,0 +1,82 @@
+"""Storing any text the engine accepts, NUL included, and giving it back unchanged.
+
+PostgreSQL's `text` and `jsonb` cannot hold U+0000, which prompts of random tokens (a
+common benchmark workload) and model outputs both contain. Every user string is stored
+with two characters escaped: `ESCAPE` becomes `ESCAPE + "1"` and NUL becomes `ESCAPE +
+"0"`. `ESCAPE` is a private-use code point, so almost no text pays more than one scan to
+find it absent; a text that does contain it round-trips like any other.
+
+The escape is applied where values cross into the database: `StoredText` for text
+columns, `dumps`/`loads` as the engine's JSON serializer (every JSON column, and the bulk
+COPY path in `inferq.store.bulk`). Nothing above the store ever sees an escaped string.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from sqlalchemy import Dialect, Text
+from sqlalchemy.types import TypeDecorator
+
+ESCAPE = "\U0010fffd"
+_ESCAPE_BYTES = ESCAPE.encode()
+_ESCAPED = re.compile(ESCAPE + "([01])")
+_UNESCAPED = {"0": "\x00", "1": ESCAPE}
+
+
+def escape(text: str) -> str:
+    """`text` with NUL and `ESCAPE` replaced by what Postgres can hold."""
+    if "\x00" not in text and ESCAPE not in text:
+        return text
+    return text.replace(ESCAPE, ESCAPE + "1").replace("\x00", ESCAPE + "0")
+
+
+def unescape(text: str) -> str:
+    """The text `escape` was given."""
+    if ESCAPE not in text:
+        return text
+    return _ESCAPED.sub(lambda found: _UNESCAPED[found.group(1)], text)
+
+
+def dumps(value: Any) -> str:
+    """JSON for a JSON column, every string in it (keys too) escaped."""
+    encoded = json.dumps(value, ensure_ascii=False)
+    # json escapes NUL as \u0000 and leaves ESCAPE as it is: one scan each finds both absent.
+    if "\\u0000" not in encoded and ESCAPE not in encoded:
+        return encoded
+    return json.dumps(_map_strings(value, escape), ensure_ascii=False)
+
+
+def loads(encoded: str | bytes) -> Any:
+    """The value `dumps` was given."""
+    value = json.loads(encoded)
+    present = _ESCAPE_BYTES in encoded if isinstance(encoded, bytes) else ESCAPE in encoded
+    return _map_strings(value, unescape) if present else value
+
+
+def _map_strings(value: Any, change: Any) -> Any:
+    if isinstance(value, str):
+        return change(value)
+    if isinstance(value, dict):
+        return {
+            change(key) if isinstance(key, str) else key: _map_strings(item, change)
+            for key, item in value.items()
+        }
+    if isinstance(value, list):
+        return [_map_strings(item, change) for item in value]
+    return value
+
+
+class StoredText(TypeDecorator[str]):
+    """A text column that holds any string: `escape`d on the way in, `unescape`d out."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, _dialect: Dialect) -> str | None:
+        return None if value is None else escape(value)
+
+    def process_result_value(self, value: str | None, _dialect: Dialect) -> str | None:
+        return None if value is None else unescape(value)

@@ -12,6 +12,7 @@ in theirs.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import statistics
 import time
@@ -56,9 +57,14 @@ async def read_json(response: aiohttp.ClientResponse) -> dict[str, Any]:
     return body
 
 
-async def job(client: aiohttp.ClientSession, body: dict[str, Any]) -> dict[str, Any]:
-    """Submit one inferq job and wait until it has ended; the job as last read."""
-    async with client.post("/v1/jobs", json=body) as response:
+async def job(
+    client: aiohttp.ClientSession, body: dict[str, Any], *, wait_in_post: bool = True
+) -> dict[str, Any]:
+    """Submit one inferq job and wait until it has ended; the job as last read. The
+    submission itself waits (`POST /v1/jobs?wait=`), or with `wait_in_post=False` the
+    client long-polls `GET /v1/jobs/{id}?wait=` from the start, as before that existed."""
+    params = {"wait": WAIT_S} if wait_in_post else {}
+    async with client.post("/v1/jobs", json=body, params=params) as response:
         submitted = await read_json(response)
     while submitted["status"] in ACTIVE:
         async with client.get(f"/v1/jobs/{submitted['id']}", params={"wait": WAIT_S}) as response:
@@ -66,9 +72,11 @@ async def job(client: aiohttp.ClientSession, body: dict[str, Any]) -> dict[str, 
     return submitted
 
 
-async def job_tokens(client: aiohttp.ClientSession, body: dict[str, Any]) -> int:
+async def job_tokens(
+    client: aiohttp.ClientSession, body: dict[str, Any], *, wait_in_post: bool = True
+) -> int:
     """One job to its end; the tokens it generated. A job that did not succeed raises."""
-    done = await job(client, body)
+    done = await job(client, body, wait_in_post=wait_in_post)
     if done["status"] != "succeeded":
         raise RuntimeError(f"job {done['id']} ended {done['status']}: {done.get('error')}")
     return int(done["usage"]["completion_tokens"])
@@ -104,12 +112,19 @@ async def closed_loop(
     return throughput(seconds, sum(tokens), len(bodies), concurrency=concurrency)
 
 
-def inferq_jobs(base_url: str, bodies: list[dict[str, Any]], *, concurrency: int) -> Any:
+def inferq_jobs(
+    base_url: str,
+    bodies: list[dict[str, Any]],
+    *,
+    concurrency: int,
+    wait_in_post: bool = True,
+) -> Any:
     """Single inferq jobs, `concurrency` in flight: throughput figures."""
+    call = functools.partial(job_tokens, wait_in_post=wait_in_post)
 
     async def run() -> dict[str, Any]:
         async with inferq_session(base_url, connections=concurrency) as client:
-            return await closed_loop(client, job_tokens, bodies, concurrency)
+            return await closed_loop(client, call, bodies, concurrency)
 
     return asyncio.run(run())
 

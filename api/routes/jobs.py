@@ -32,19 +32,40 @@ from inferq.wire.public import JobPublic
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401, 429, 503))
 
+Wait = Annotated[
+    float,
+    Query(
+        ge=0,
+        description="Seconds to wait for the job to end before answering; at most the "
+        "server's `max_wait_s` (120 by default), longer waits are cut to it.",
+    ),
+]
+
 
 @router.post(
-    "", status_code=202, response_model=JobPublic, responses=error_responses(404, 409, 413, 422)
+    "",
+    status_code=202,
+    response_model=JobPublic,
+    responses={
+        200: {"model": JobPublic, "description": "The job ended within `wait`: its result."},
+        **error_responses(404, 409, 413, 422),
+    },
 )
 async def create_job(
     body: JobCreate,
     submission: SubmissionDep,
     idempotency: IdempotencyDep,
     principal: PrincipalDep,
+    reads: ReadDep,
+    waiter: WaiterDep,
+    settings: ApiSettingsDep,
     response: Response,
     idempotency_key: IdempotencyKey = None,
+    wait: Wait = 0,
 ) -> JobPublic | JSONResponse:
-    """Submit a generation job; poll its `url` for the result."""
+    """Submit a generation job; poll its `url` for the result, or ask to `wait` for it
+    here (200 with the result if it ends in time, else 202). A client that hangs up
+    while waiting leaves the job to run."""
     build = functools.partial(_spec, body)
     spec = await submission.checked(body.model, _prompt_chars(body), build)
     webhook = await submission.checked_webhook(body.webhook_url, body.webhook_events)
@@ -54,7 +75,18 @@ async def create_job(
         response.headers["Location"] = f"/v1/jobs/{job.id}"
         return JobPublic.from_job(job)
 
-    return await idempotency.run(idempotency_key, body=body, principal=principal, run=create)
+    created = await idempotency.run(idempotency_key, body=body, principal=principal, run=create)
+    if wait <= 0 or not isinstance(created, JobPublic):  # a replay answers as it first did
+        return created
+    read = (created.id, principal.scope)
+
+    async def reread(_: str) -> Job:
+        return await reads(read)
+
+    job = await waiter.until_ended(created.id, reread, timeout_s=min(wait, settings.max_wait_s))
+    if job.status.is_terminal:
+        response.status_code = 200
+    return JobPublic.from_job(job)
 
 
 def _spec(body: JobCreate, model: CatalogModel) -> JobSpec:
@@ -81,14 +113,7 @@ async def get_job(
     waiter: WaiterDep,
     settings: ApiSettingsDep,
     principal: PrincipalDep,
-    wait: Annotated[
-        float,
-        Query(
-            ge=0,
-            description="Seconds to wait for the job to end before answering; at most the "
-            "server's `max_wait_s` (120 by default), longer waits are cut to it.",
-        ),
-    ] = 0,
+    wait: Wait = 0,
 ) -> JobPublic:
     """A job's state and, once it has ended, its result or error."""
     read = (job_id, principal.scope)

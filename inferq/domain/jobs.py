@@ -76,13 +76,13 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SamplingParams:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in data.items() if k in fields}
+        values = {k: v for k, v in data.items() if k in _SAMPLING_NAMES}
         values["stop"] = tuple(values.get("stop") or ())
         return cls(**values)
 
 
 _SAMPLING_FIELDS = dataclasses.fields(SamplingParams)
+_SAMPLING_NAMES = frozenset(f.name for f in _SAMPLING_FIELDS)
 
 
 # A job's own `priority`: 0 (the default, and the most urgent a client may ask for) to

@@ -18,7 +18,7 @@ from inferq.store.batch_counts import EndedLine, count_ended, lock_batches_of
 from inferq.store.idempotency import IdempotentRequest, record_response
 from inferq.store.job_leases import JobLeases
 from inferq.store.job_publishing import JobPublishing
-from inferq.store.job_rows import ACTIVE, job_from_row, new_job, new_job_row
+from inferq.store.job_rows import ACTIVE, JOB_COLUMNS, job_from_row, new_job, new_job_row
 from inferq.store.models import JobRow
 from inferq.store.outbox import enqueue_job_events, ensure_endpoint
 
@@ -96,7 +96,7 @@ class JobStore(JobLeases, JobPublishing):
 
     def get_jobs(self, job_ids: Sequence[str]) -> list[Job]:
         with self._transaction() as session:
-            rows = session.scalars(select(JobRow).where(JobRow.id.in_(job_ids))).all()
+            rows = session.execute(select(*JOB_COLUMNS).where(JobRow.id.in_(job_ids)))
             return [job_from_row(row) for row in rows]
 
     def list_jobs(

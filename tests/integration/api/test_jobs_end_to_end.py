@@ -178,6 +178,33 @@ def test_a_long_poll_answers_as_soon_as_the_job_ends(stack: Stack) -> None:
     assert elapsed < 10
 
 
+def test_a_submission_that_waits_gets_its_result_or_a_202_for_a_job_left_to_run(
+    stack: Stack,
+) -> None:
+    with stack.client() as client:
+        answered = client.post(
+            "/v1/jobs", params={"wait": 60}, json={"prompt": "Hello", "max_tokens": 8}
+        )
+        assert answered.status_code == 200, answered.text
+        job = answered.json()
+        assert job["status"] == "succeeded"
+        assert job["usage"]["completion_tokens"] >= 1
+        assert answered.headers["Location"] == f"/v1/jobs/{job['id']}"
+        assert client.get(f"/v1/jobs/{job['id']}").json() == job
+        # 1,000 tokens take seconds on a CPU: the wait ends first and the job goes on.
+        long_job = {"prompt": "Hello", "max_tokens": 1000, "ignore_eos": True}
+        pending = client.post("/v1/jobs", params={"wait": 0.05}, json=long_job)
+        assert pending.status_code == 202, pending.text
+        assert pending.json()["status"] in ("queued", "running")
+        assert client.get(f"/v1/jobs/{pending.json()['id']}").json()["status"] in (
+            "queued",
+            "running",
+        )
+        assert client.post(f"/v1/jobs/{pending.json()['id']}/cancel").status_code == 200
+        refused = client.post("/v1/jobs", params={"wait": -1}, json=long_job)
+        assert refused.status_code == 422
+
+
 def test_a_cancelled_queued_job_never_runs(stack: Stack, broker: Broker) -> None:
     engine = Delta(stack.worker.metrics_url)
     with stack.client() as client:

@@ -28,7 +28,7 @@ def test_escaped_text_holds_no_nul_and_reads_back_exactly(text: str) -> None:
 
 def test_text_without_nul_or_the_escape_is_stored_as_it_is() -> None:
     assert text_codec.escape("héllo \\u0000 wörld") == "héllo \\u0000 wörld"
-    assert text_codec.dumps({"a": ["b", 1, None]}) == '{"a": ["b", 1, null]}'
+    assert text_codec.dumps({"a": ["b", 1, None]}) == '{"a":["b",1,null]}'
 
 
 def test_json_values_hold_no_nul_in_strings_or_keys_and_read_back_exactly() -> None:

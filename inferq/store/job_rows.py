@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy import bindparam, select
+
 from inferq.constants import JOB_ID_PREFIX
 from inferq.domain.jobs import (
     ACTIVE_STATUSES,
@@ -112,7 +114,7 @@ JOB_COLUMNS = (
     JobRow.prompt,
     JobRow.messages,
     JobRow.sampling,
-    JobRow.metadata_,
+    JobRow.metadata_.label("metadata_"),
     JobRow.prompt_tokens,
     JobRow.created_at,
     JobRow.attempts,
@@ -126,6 +128,11 @@ JOB_COLUMNS = (
     JobRow.priority,
     JobRow.stream,
 )
+
+
+# Jobs by id (`ids`, a list): built once, as building a statement of twenty columns costs
+# more than running it for a few ids.
+JOBS_BY_ID = select(*JOB_COLUMNS).where(JobRow.id.in_(bindparam("ids", expanding=True)))
 
 
 def job_from_row(row: Any) -> Job:

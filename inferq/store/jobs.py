@@ -18,7 +18,7 @@ from inferq.store.batch_counts import EndedLine, count_ended, lock_batches_of
 from inferq.store.idempotency import IdempotentRequest, record_response
 from inferq.store.job_leases import JobLeases
 from inferq.store.job_publishing import JobPublishing
-from inferq.store.job_rows import ACTIVE, JOB_COLUMNS, job_from_row, new_job, new_job_row
+from inferq.store.job_rows import ACTIVE, JOBS_BY_ID, job_from_row, new_job, new_job_row
 from inferq.store.models import JobRow
 from inferq.store.outbox import enqueue_job_events, ensure_endpoint
 
@@ -95,8 +95,8 @@ class JobStore(JobLeases, JobPublishing):
             return job_from_row(scoped_row(session, JobRow, job_id, scope, noun="job"))
 
     def get_jobs(self, job_ids: Sequence[str]) -> list[Job]:
-        with self._transaction() as session:
-            rows = session.execute(select(*JOB_COLUMNS).where(JobRow.id.in_(job_ids)))
+        with self._connection() as connection:
+            rows = connection.execute(JOBS_BY_ID, {"ids": list(job_ids)})
             return [job_from_row(row) for row in rows]
 
     def list_jobs(

@@ -78,15 +78,27 @@ async def create_job(
     created = await idempotency.run(idempotency_key, body=body, principal=principal, run=create)
     if wait <= 0 or not isinstance(created, JobPublic):  # a replay answers as it first did
         return created
-    read = (created.id, principal.scope)
-
-    async def reread(_: str) -> Job:
-        return await reads(read)
-
-    job = await waiter.until_ended(created.id, reread, timeout_s=min(wait, settings.max_wait_s))
+    job = await _waited(
+        created.id,
+        principal.scope,
+        reads=reads,
+        waiter=waiter,
+        wait_s=min(wait, settings.max_wait_s),
+    )
     if job.status.is_terminal:
         response.status_code = 200
     return JobPublic.from_job(job)
+
+
+async def _waited(
+    job_id: str, scope: str | None, *, reads: ReadDep, waiter: WaiterDep, wait_s: float
+) -> Job:
+    """The job once it has ended, or as it is after `wait_s`."""
+
+    async def reread(_: str) -> Job:
+        return await reads((job_id, scope))
+
+    return await waiter.until_ended(job_id, reread, timeout_s=wait_s)
 
 
 def _spec(body: JobCreate, model: CatalogModel) -> JobSpec:
@@ -116,14 +128,11 @@ async def get_job(
     wait: Wait = 0,
 ) -> JobPublic:
     """A job's state and, once it has ended, its result or error."""
-    read = (job_id, principal.scope)
     if wait <= 0:
-        return JobPublic.from_job(await reads(read))
-
-    async def reread(_: str) -> Job:
-        return await reads(read)
-
-    job = await waiter.until_ended(job_id, reread, timeout_s=min(wait, settings.max_wait_s))
+        return JobPublic.from_job(await reads((job_id, principal.scope)))
+    job = await _waited(
+        job_id, principal.scope, reads=reads, waiter=waiter, wait_s=min(wait, settings.max_wait_s)
+    )
     return JobPublic.from_job(job)
 
 

@@ -108,12 +108,8 @@ def _encoder(column: Column[Any]) -> Callable[[Any], str | None] | None:
     if isinstance(column.type, JSON):
         return text_codec.dumps  # None too: JSON null, as the ORM stores it
     if isinstance(column.type, text_codec.StoredText):
-        return _escaped_text
+        return text_codec.escape_optional
     return None
-
-
-def _escaped_text(value: str | None) -> str | None:
-    return None if value is None else text_codec.escape(value)
 
 
 def _columns(model: type[DeclarativeBase], attributes: Sequence[str]) -> list[Column[Any]]:

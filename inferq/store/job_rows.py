@@ -104,8 +104,7 @@ def new_job(row: dict[str, Any], spec: JobSpec) -> Job:
 
 
 # The columns a `Job` is read from (`job_from_row`): not the token ids, lease or queue,
-# which only the worker and maintenance need. Reading these rather than whole ORM rows
-# costs the API a third less per job read.
+# which only the worker and maintenance need.
 JOB_COLUMNS = (
     JobRow.id,
     JobRow.tenant,

@@ -37,6 +37,11 @@ def escape(text: str) -> str:
     return text.replace(ESCAPE, ESCAPE + "1").replace("\x00", ESCAPE + "0")
 
 
+def escape_optional(text: str | None) -> str | None:
+    """`escape` for a nullable column."""
+    return None if text is None else escape(text)
+
+
 def unescape(text: str) -> str:
     """The text `escape` was given."""
     if ESCAPE not in text:
@@ -80,7 +85,7 @@ class StoredText(TypeDecorator[str]):
     cache_ok = True
 
     def process_bind_param(self, value: str | None, _dialect: Dialect) -> str | None:
-        return None if value is None else escape(value)
+        return escape_optional(value)
 
     def process_result_value(self, value: str | None, _dialect: Dialect) -> str | None:
         return None if value is None else unescape(value)

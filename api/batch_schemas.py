@@ -52,9 +52,9 @@ class BatchCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     input_file_id: str = Field(description="An uploaded file with purpose 'batch'.")
-    endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"] = Field(
-        description=f"The URL every line must name: one of {', '.join(ENDPOINTS)}."
-    )
+    endpoint: Literal[
+        "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"
+    ] = Field(description=f"The URL every line must name: one of {', '.join(ENDPOINTS)}.")
     completion_window: str = Field(
         "24h",
         description="How long the batch may take: '24h', or hours, minutes or seconds "

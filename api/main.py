@@ -26,6 +26,7 @@ from api.routes import (
     health,
     jobs,
     models,
+    responses,
     status,
     webhooks,
 )
@@ -133,6 +134,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(completions.router)
+    app.include_router(responses.router)
     app.include_router(embeddings.router)
     app.include_router(files.router)
     app.include_router(batches.router)

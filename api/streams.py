@@ -13,7 +13,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import Any
 
-from sse_starlette import EventSourceResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from api.errors import ended_error, error_body, error_json
 from api.token_follower import Ended, OutputRestarted
@@ -190,19 +190,23 @@ _cleanups: set[asyncio.Task[None]] = set()
 
 
 def event_stream(
-    events: AsyncIterator[str],
+    events: AsyncIterator[str] | AsyncIterator[ServerSentEvent | str],
     *,
     on_hangup: Callable[[], Coroutine[object, object, None]] | None = None,
     headers: Mapping[str, str] | None = None,
+    send_done: bool = True,
 ) -> EventSourceResponse:
-    """An SSE response of `events`; `on_hangup` runs if the client leaves before `[DONE]`."""
+    """An SSE response of `events`; `on_hangup` runs if the client leaves before `[DONE]`
+    (which `events` ends with, and which is sent unless `send_done` is false)."""
     completed = False
 
-    async def body() -> AsyncIterator[str]:
+    async def body() -> AsyncIterator[ServerSentEvent | str]:
         nonlocal completed
         async for data in events:
             if data == DONE:
                 completed = True
+                if not send_done:
+                    continue
             yield data
 
     async def closed(_message: object) -> None:

@@ -14,7 +14,8 @@ from inferq.exceptions import InvalidRequest
 CHAT_ENDPOINT = "/v1/chat/completions"
 COMPLETIONS_ENDPOINT = "/v1/completions"
 EMBEDDINGS_ENDPOINT = "/v1/embeddings"
-ENDPOINTS = (CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, EMBEDDINGS_ENDPOINT)
+RESPONSES_ENDPOINT = "/v1/responses"
+ENDPOINTS = (CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, EMBEDDINGS_ENDPOINT, RESPONSES_ENDPOINT)
 FILE_ID_PREFIX = "file-"
 BATCH_ID_PREFIX = "batch_"
 MAX_COMPLETION_WINDOW = timedelta(days=7)
@@ -145,6 +146,9 @@ class ResultRow:
     # An embedding line's vectors and how it asked for them (SamplingParams.pooling).
     embedding: bytes | None = None
     pooling: dict[str, Any] | None = None
+    # A `/v1/responses` line's sampling and what its response echoes (JobSpec.response).
+    sampling: dict[str, Any] | None = None
+    response: dict[str, Any] | None = None
 
 
 _WINDOW = re.compile(r"^(\d+)([hms])$")

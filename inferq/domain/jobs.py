@@ -113,6 +113,9 @@ class JobSpec:
     stream: bool = False
     # The served model whose workers run it, when `model` is one of its LoRA adapters.
     base: str | None = None
+    # A request to OpenAI's Responses API: the fields its response object echoes
+    # (`inferq.wire.responses`); None for every other kind of request.
+    response: dict[str, Any] | None = None
 
     @property
     def served_by(self) -> str:
@@ -247,6 +250,8 @@ class Job:
     custom_id: str | None = None
     priority: int = 0
     stream: bool = False
+    # What a Responses API request's response echoes (JobSpec.response).
+    response: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

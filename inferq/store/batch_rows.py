@@ -137,6 +137,7 @@ RESULT_COLUMNS = (
     JobRow.finished_at,
     JobRow.embedding,
     JobRow.sampling,
+    JobRow.response,
 )
 
 
@@ -155,4 +156,6 @@ def result_row(row: Any) -> ResultRow:
         finished_at=as_utc(row.finished_at),
         embedding=row.embedding,
         pooling=row.sampling.get("pooling"),
+        sampling=row.sampling,
+        response=row.response,
     )

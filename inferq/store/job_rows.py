@@ -72,6 +72,7 @@ def new_job_row(
         "attempts": 0,
         "priority": spec.priority,
         "stream": spec.stream,
+        "response": spec.response,
     }
     if place is not None:
         # A line's metadata is its batch's, kept on the batch.
@@ -100,6 +101,7 @@ def new_job(row: dict[str, Any], spec: JobSpec) -> Job:
         created_at=row["created_at"],
         priority=spec.priority,
         stream=spec.stream,
+        response=spec.response,
     )
 
 
@@ -126,6 +128,7 @@ JOB_COLUMNS = (
     JobRow.custom_id,
     JobRow.priority,
     JobRow.stream,
+    JobRow.response,
 )
 
 
@@ -163,6 +166,7 @@ def job_from_row(row: Any) -> Job:
         custom_id=row.custom_id,
         priority=row.priority,
         stream=row.stream,
+        response=row.response,
     )
 
 

@@ -78,6 +78,8 @@ class JobRow(Base):
     stream: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
     # An embedding job's vectors (inferq.domain.jobs.JobResult.embedding).
     embedding: Mapped[bytes | None] = mapped_column(LargeBinary)
+    # A request to OpenAI's Responses API: what its response echoes (JobSpec.response).
+    response: Mapped[dict[str, Any] | None] = mapped_column(Json)
 
     __table_args__ = (
         Index("ix_jobs_status_id", "status", "id"),

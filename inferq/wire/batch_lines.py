@@ -18,7 +18,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from inferq.domain.batches import CHAT_ENDPOINT, EMBEDDINGS_ENDPOINT, LineError
+from inferq.domain.batches import (
+    CHAT_ENDPOINT,
+    EMBEDDINGS_ENDPOINT,
+    RESPONSES_ENDPOINT,
+    LineError,
+)
 from inferq.domain.jobs import JobSpec
 from inferq.exceptions import InvalidRequest, ModelNotFound
 from inferq.wire.embeddings import (
@@ -30,6 +35,7 @@ from inferq.wire.embeddings import (
 )
 from inferq.wire.model_catalog import ModelCatalog
 from inferq.wire.openai_bodies import ChatBody, CompletionBody, prepare_body
+from inferq.wire.responses import ResponsesBody, finish_response, prepare_response
 from inferq.wire.validation import JobValidator, PreparedRequest, check_storable
 
 CHUNK_LINES = 256
@@ -82,7 +88,11 @@ class BatchLineReader:
     def __init__(self, models: ModelCatalog, *, endpoint: str) -> None:
         self._models = models
         self._endpoint = endpoint
-        self._body_type = ChatBody if endpoint == CHAT_ENDPOINT else CompletionBody
+        bodies: dict[str, type[ChatBody | CompletionBody | ResponsesBody]] = {
+            CHAT_ENDPOINT: ChatBody,
+            RESPONSES_ENDPOINT: ResponsesBody,
+        }
+        self._body_type = bodies.get(endpoint, CompletionBody)
         self._seen: set[str] = set()
 
     def read(self, lines: Iterable[bytes]) -> Iterator[LineSpec | LineError]:
@@ -153,10 +163,15 @@ class BatchLineReader:
             raise _Refused(
                 "stream_not_supported", number, "body.stream", f"{where}: stream must be false"
             )
+        if isinstance(body, ResponsesBody):
+            _check_response_line(body, number, where)
         try:
             check_storable(envelope.custom_id, "custom_id")
             validator = self._models.get(body.model).validator
-            request = prepare_body(validator, body)
+            if isinstance(body, ResponsesBody):
+                request = prepare_response(validator, body)
+            else:
+                request = prepare_body(validator, body)
             return _Prepared(number, envelope.custom_id, request, validator)
         except (InvalidRequest, ModelNotFound) as exc:
             raise _Refused.from_error(exc, where=where, number=number) from exc
@@ -186,7 +201,29 @@ class BatchLineReader:
                 yield _finished(item, finish)
             else:
                 ids = token_ids[item.line]
-                yield _finished(item, functools.partial(item.validator.finish, item.request, ids))
+                finish = functools.partial(item.validator.finish, item.request, ids)
+                if item.request.response is not None:
+                    finish = functools.partial(finish_response, item.validator, item.request, ids)
+                yield _finished(item, finish)
+
+
+def _check_response_line(body: ResponsesBody, number: int, where: str) -> None:
+    """What a Responses request may ask online but not in a batch line."""
+    if body.previous_response_id is not None:
+        raise _Refused(
+            "unsupported_parameter",
+            number,
+            "body.previous_response_id",
+            f"{where}: previous_response_id is not supported in batch lines: put the "
+            "conversation in input",
+        )
+    if body.background:
+        raise _Refused(
+            "unsupported_parameter",
+            number,
+            "body.background",
+            f"{where}: background must be false: every batch line runs in the background",
+        )
 
 
 def _finished(item: _Prepared | _Embedding, finish: Callable[[], JobSpec]) -> LineSpec | LineError:

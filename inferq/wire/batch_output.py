@@ -6,15 +6,18 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from inferq.domain.batches import CHAT_ENDPOINT, EMBEDDINGS_ENDPOINT, ResultRow
+from inferq.domain.batches import CHAT_ENDPOINT, EMBEDDINGS_ENDPOINT, RESPONSES_ENDPOINT, ResultRow
 from inferq.wire.embeddings import embedding_body
 from inferq.wire.openai_format import completion_body
+from inferq.wire.responses import ResponseState, response_object
 
 
 def output_line(row: ResultRow, *, endpoint: str) -> dict[str, Any]:
-    """A succeeded line: the chat.completion, text_completion or list of embeddings a
-    client would get."""
-    if endpoint == EMBEDDINGS_ENDPOINT:
+    """A succeeded line: the chat.completion, text_completion, response or list of
+    embeddings a client would get."""
+    if endpoint == RESPONSES_ENDPOINT:
+        body = response_object(_response_state(row))
+    elif endpoint == EMBEDDINGS_ENDPOINT:
         body = embedding_body(
             model=row.model,
             embedding=row.embedding or b"",
@@ -38,6 +41,24 @@ def output_line(row: ResultRow, *, endpoint: str) -> dict[str, Any]:
         "response": {"status_code": 200, "request_id": row.job_id, "body": body},
         "error": None,
     }
+
+
+def _response_state(row: ResultRow) -> ResponseState:
+    assert row.finished_at is not None, "a succeeded line has ended"
+    return ResponseState(
+        job_id=row.job_id,
+        status=row.status,
+        model=row.model,
+        created_at=row.finished_at,
+        finished_at=row.finished_at,
+        sampling=row.sampling or {},
+        echo=row.response or {},
+        metadata={},
+        choices=row.choices,
+        prompt_tokens=row.prompt_tokens,
+        completion_tokens=row.completion_tokens,
+        error=row.error,
+    )
 
 
 def error_line(row: ResultRow) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import (
+    BaseModel,
     ConfigDict,
     Field,
     StringConstraints,
@@ -69,15 +70,12 @@ def check_storable(text: str, param: str) -> None:
         ) from exc
 
 
-class SamplingBase(OutputFields):
-    """The sampling parameters every request shape shares, with their allowed ranges, and
-    what the output must look like (`inferq.wire.structured`)."""
+class SamplerFields(BaseModel):
+    """How the next token is picked, with the allowed ranges: what every request shape
+    shares, OpenAI's Responses API too."""
 
     model_config = ConfigDict(extra="forbid")
 
-    max_tokens: int | None = Field(
-        None, ge=1, description="Most tokens to generate; the model's context caps it."
-    )
     temperature: float = Field(1.0, ge=0, le=2, description="0 is greedy.")
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(
@@ -96,7 +94,6 @@ class SamplingBase(OutputFields):
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     repetition_penalty: float = Field(1.0, gt=0, le=2)
-    n: int = Field(1, ge=1, description="Completions to generate for the prompt.")
     ignore_eos: bool = Field(False, description="Keep generating past end-of-sequence.")
 
     @field_validator("stop")
@@ -112,6 +109,18 @@ class SamplingBase(OutputFields):
         if self.stop is None:
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+
+class SamplingBase(SamplerFields, OutputFields):
+    """The sampling parameters of the completions shapes (jobs, chat and text
+    completions), and what the output must look like (`inferq.wire.structured`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_tokens: int | None = Field(
+        None, ge=1, description="Most tokens to generate; the model's context caps it."
+    )
+    n: int = Field(1, ge=1, description="Completions to generate for the prompt.")
 
 
 class SamplingFields(SamplingBase):
@@ -133,6 +142,8 @@ class PreparedRequest:
     sampling: SamplingFields
     metadata: dict[str, Any]
     output: OutputPlan
+    # A Responses API request's echo (`inferq.wire.responses`), kept with its job.
+    response: dict[str, Any] | None = None
 
 
 class JobValidator:
@@ -264,6 +275,7 @@ class JobValidator:
             prompt_token_ids=token_ids,
             sampling=params,
             metadata=prepared.metadata,
+            response=prepared.response,
         )
 
     def encode(self, prepared: Sequence[PreparedRequest]) -> list[list[int]]:

@@ -5,6 +5,7 @@ worker/engine/vllm/core.py."""
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -229,9 +230,19 @@ def _token_logprob(token_id: int, candidates: Any, top_k: int) -> TokenLogprob:
     )
     return TokenLogprob(
         token=sampled.decoded_token or "",
-        logprob=float(sampled.logprob),
-        top_logprobs=tuple((c.decoded_token or "", float(c.logprob)) for c in ranked),
+        logprob=_finite(sampled.logprob),
+        top_logprobs=tuple((c.decoded_token or "", _finite(c.logprob)) for c in ranked),
     )
+
+
+# What a logprob of minus infinity (a token a grammar ruled out) is sent as, as vLLM's
+# server does: JSON has no infinity, and Postgres refuses JSON that holds one.
+MIN_LOGPROB = -9999.0
+
+
+def _finite(logprob: float) -> float:
+    value = float(logprob)
+    return value if math.isfinite(value) else MIN_LOGPROB
 
 
 class _Streamed:

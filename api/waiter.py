@@ -1,4 +1,5 @@
-"""Long-poll support: wakes requests waiting on a job when the worker reports it done.
+"""Long-poll support: wakes requests waiting on a job when the worker reports it done (and
+those following a batch's output when lines of it end).
 
 Each job's end is announced on a channel of its own (`inferq.broker.events`). An API process
 subscribes to a job's channel only while a request waits on it, on one pub/sub connection
@@ -18,7 +19,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 
-from inferq.broker.events import done_channel
+from inferq.broker.events import batch_progress_channel, done_channel
 from inferq.constants import API_CHANNEL
 from inferq.domain.jobs import Job
 
@@ -59,11 +60,18 @@ class JobWaiter:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    @contextlib.asynccontextmanager
-    async def watch(self, job_id: str) -> AsyncIterator[asyncio.Event]:
+    def watch(self, job_id: str) -> contextlib.AbstractAsyncContextManager[asyncio.Event]:
         """An event set whenever `job_id` is reported finished while the block runs; the
         subscription is in place (or Redis is unreachable) when the block starts."""
-        channel = done_channel(self._key_prefix, job_id)
+        return self._watch(done_channel(self._key_prefix, job_id))
+
+    def watch_batch(self, batch_id: str) -> contextlib.AbstractAsyncContextManager[asyncio.Event]:
+        """An event set whenever lines of `batch_id` are reported ended while the block
+        runs (as `watch` for a job)."""
+        return self._watch(batch_progress_channel(self._key_prefix, batch_id))
+
+    @contextlib.asynccontextmanager
+    async def _watch(self, channel: str) -> AsyncIterator[asyncio.Event]:
         event = asyncio.Event()
         watchers = self._watchers.setdefault(channel, set())
         first = not watchers

@@ -20,7 +20,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from cli.client import Client
+from cli.client import ApiError, Client
 from cli.prompt_files import Defaults, is_openai_batch, prepare
 from inferq.constants import BATCH_ENDED_HEADER, NEXT_CURSOR_HEADER
 from inferq.settings import Settings
@@ -178,6 +178,131 @@ def download(
             _append_partial(client, batch_id, output)
         else:
             _finish(client, client.get(f"/v1/batches/{batch_id}"), output)
+
+
+@batch_app.command("follow")
+def follow(
+    batch_id: Annotated[str, typer.Argument()],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Results here, errors beside it.")],
+    url: UrlOption = None,
+    api_key: KeyOption = None,
+) -> None:
+    """Write a batch's results to OUTPUT as they come, in input order (failed and
+    cancelled lines to OUTPUT with .errors.jsonl), until it ends. Cut off, it reconnects
+    and goes on; stopped, it goes on where it was when run again (OUTPUT.follow
+    remembers; without it, OUTPUT is written from the start)."""
+    state = _FollowState.resume(output)
+    with _client(url, api_key) as client:
+        batch = client.get(f"/v1/batches/{batch_id}")
+        with (
+            progress_bar() as progress,
+            output.open("ab") as results,
+            state.errors.open("ab") as errors,
+        ):
+            task = progress.add_task(
+                batch_id,
+                total=batch["request_counts"]["total"],
+                completed=state.lines,
+                failed=state.failed,
+                rate=0.0,
+            )
+            while (ended := _follow_events(client, batch_id, state, results, errors)) is None:
+                progress.update(task, completed=state.lines, failed=state.failed)
+                time.sleep(RECONNECT_S)
+            progress.update(task, completed=state.lines, failed=state.failed)
+        _finish(client, ended, None)
+    typer.echo(f"wrote {output} and {state.errors}", err=True)
+
+
+# A lost connection is tried again this often, and given up after this many tries in a
+# row that brought nothing.
+RECONNECT_S = 1.0
+RECONNECT_TRIES = 30
+
+
+class _FollowState:
+    """Where `batch follow` is: the last line written, and how long each file was then.
+    Saved beside the output (`OUTPUT.follow`); a run that goes on cuts the files back to
+    the saved lengths first, so a line written after the last save is not written twice."""
+
+    def __init__(self, output: Path) -> None:
+        self.output = output
+        self.errors = output.with_suffix(".errors.jsonl")
+        self.path = output.with_name(f"{output.name}.follow")
+        self.cursor = 0
+        self.lines = 0
+        self.failed = 0
+        self.sizes = (0, 0)
+        self.tries = 0
+
+    @classmethod
+    def resume(cls, output: Path) -> _FollowState:
+        state = cls(output)
+        if state.path.exists():
+            saved = json.loads(state.path.read_text())
+            state.cursor, state.lines, state.failed = (
+                saved["cursor"],
+                saved["lines"],
+                saved["failed"],
+            )
+            state.sizes = (saved["output_bytes"], saved["error_bytes"])
+        for path, size in ((state.output, state.sizes[0]), (state.errors, state.sizes[1])):
+            with path.open("ab") as file:
+                file.truncate(size)
+        return state
+
+    def save(self, results: IO[bytes], errors: IO[bytes]) -> None:
+        results.flush()
+        errors.flush()
+        self.sizes = (results.tell(), errors.tell())
+        saved = {
+            "cursor": self.cursor,
+            "lines": self.lines,
+            "failed": self.failed,
+            "output_bytes": self.sizes[0],
+            "error_bytes": self.sizes[1],
+        }
+        temporary = self.path.with_name(self.path.name + ".new")
+        temporary.write_text(json.dumps(saved) + "\n")
+        temporary.replace(self.path)
+
+
+def _follow_events(
+    client: Client, batch_id: str, state: _FollowState, results: IO[bytes], errors: IO[bytes]
+) -> dict[str, Any] | None:
+    """Write the lines the API sends from the cursor on; the batch once it has ended, or
+    None if the connection was lost (try again)."""
+    saved_at = time.monotonic()
+    try:
+        with client.events(
+            f"/v1/batches/{batch_id}/output",
+            last_event_id=str(state.cursor),
+            follow="true",
+            include="errors",
+        ) as events:
+            for event in events:
+                if event.event == "end":
+                    state.save(results, errors)
+                    ended: dict[str, Any] = json.loads(event.data)
+                    return ended
+                if event.event != "line":
+                    continue
+                failed = json.loads(event.data)["error"] is not None
+                (errors if failed else results).write(event.data.encode() + b"\n")
+                state.cursor = int(event.id)
+                state.lines += 1
+                state.failed += failed
+                state.tries = 0
+                if time.monotonic() - saved_at > 0.5:
+                    state.save(results, errors)
+                    saved_at = time.monotonic()
+    except ApiError as exc:
+        if exc.status is not None or state.tries >= RECONNECT_TRIES:
+            raise
+        console.print(f"{exc.message}; going on from line {state.cursor}")
+    state.save(results, errors)
+    state.tries += 1
+    return None
 
 
 def progress_bar() -> Progress:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from httpx_sse import ServerSentEvent, SSEError, connect_sse
 
 from inferq.exceptions import InferqError
 
@@ -70,6 +71,22 @@ class Client:
                 yield response
         except httpx.HTTPError as exc:
             raise ApiError(f"cannot reach the inferq API at {self.base_url}: {exc}") from exc
+
+    @contextmanager
+    def events(
+        self, path: str, *, last_event_id: str | None = None, **params: Any
+    ) -> Iterator[Iterator[ServerSentEvent]]:
+        """The Server-Sent Events of a GET, as they come; refusals and lost connections
+        raise `ApiError`."""
+        headers = {} if last_event_id is None else {"Last-Event-ID": last_event_id}
+        try:
+            with connect_sse(self._http, "GET", path, params=params, headers=headers) as source:
+                if source.response.is_error:
+                    source.response.read()
+                    raise _error(source.response)
+                yield source.iter_sse()
+        except (httpx.HTTPError, SSEError) as exc:
+            raise ApiError(f"lost the inferq API at {self.base_url}: {exc}") from exc
 
     def _send(self, method: str, path: str, *, retry: bool = True, **kwargs: Any) -> dict[str, Any]:
         for attempt in range(RETRIES if retry else 1):

@@ -276,7 +276,7 @@ class _NoBroker:
 class _NoListeners:
     """Nobody long-polls a local run: finished jobs are announced to no one."""
 
-    def finished(self, job_ids: Sequence[str]) -> None:
+    def finished(self, job_ids: Sequence[str], *, batch_ids: Sequence[str] = ()) -> None:
         pass
 
 

@@ -278,10 +278,11 @@ class EngineRuntime:
         return tickets
 
     def _committed(self, outcomes: Sequence[JobOutcome], written: Sequence[str]) -> None:
-        self._events.finished(written)
         now = datetime.now(UTC)
         done = set(written)
         tickets = self._tickets.get([o.job_id for o in outcomes if o.job_id in done])
+        batch_ids = {t.batch_id for t in tickets if t.batch_id is not None}
+        self._events.finished(written, batch_ids=sorted(batch_ids))
         for ticket in tickets:
             self._metrics.job_latency.observe((now - ticket.created_at).total_seconds())
         results = [o.result for o in outcomes if o.result is not None and o.job_id in done]
@@ -291,7 +292,7 @@ class EngineRuntime:
             sum(r.completion_tokens for r in results),
         )
         self._release([o.job_id for o in outcomes])
-        self._check_batches({t.batch_id for t in tickets if t.batch_id is not None})
+        self._check_batches(batch_ids)
 
     def _check_batches(self, batch_ids: set[str]) -> None:
         """Ask whether these batches have ended, unless a line of theirs is still held

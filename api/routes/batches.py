@@ -5,10 +5,11 @@ from __future__ import annotations
 import functools
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from api.batch_follow import followed_output
 from api.batch_schemas import BatchCreate, BatchList
 from api.deps import (
     BatchOpsDep,
@@ -16,9 +17,11 @@ from api.deps import (
     IdempotencyDep,
     PrincipalDep,
     SubmissionDep,
+    WaiterDep,
 )
 from api.errors import error_responses
 from api.idempotency import IdempotencyKey
+from api.streams import event_stream
 from inferq.constants import BATCH_ENDED_HEADER, NEXT_CURSOR_HEADER
 from inferq.store.idempotency import IdempotentRequest
 from inferq.wire.public import BatchPublic
@@ -89,9 +92,11 @@ def cancel_batch(batch_id: str, batches: BatchOpsDep, principal: PrincipalDep) -
     response_class=StreamingResponse,
     responses={
         200: {
-            "content": {"application/octet-stream": {}},
+            "content": {"application/octet-stream": {}, "text/event-stream": {}},
             "description": "JSON lines as in the batch's output file (and, with "
-            "`include=errors`, its error file), in input order.",
+            "`include=errors`, its error file), in input order. With `follow=true`, "
+            "Server-Sent Events: a `line` event per line (its `id` the line's number, its "
+            "data the line), then an `end` event with the batch once it has ended.",
             "headers": {
                 NEXT_CURSOR_HEADER: {
                     "description": "The `after` to ask with next: every line up to it has "
@@ -107,10 +112,11 @@ def cancel_batch(batch_id: str, batches: BatchOpsDep, principal: PrincipalDep) -
         **error_responses(404, 422),
     },
 )
-def batch_output(
+async def batch_output(
     batch_id: str,
     batches: BatchOpsDep,
     output: BatchOutputDep,
+    waiter: WaiterDep,
     principal: PrincipalDep,
     include: Annotated[
         Literal["errors"] | None,
@@ -121,14 +127,42 @@ def batch_output(
         Query(
             ge=0,
             description="Only lines numbered after this (they count from 1): the "
-            "`Inferq-Next-Cursor` of the previous response.",
+            "`Inferq-Next-Cursor` of the previous response, or the `id` of the last event "
+            "received when following.",
         ),
     ] = 0,
-) -> StreamingResponse:
+    follow: Annotated[
+        bool,
+        Query(description="Hold the connection and send each line as it ends (SSE)."),
+    ] = False,
+    last_event_id: Annotated[
+        int | None,
+        Header(
+            ge=0,
+            description="With `follow`: the `id` of the last event received (as EventSource "
+            "sends it on reconnecting); it takes the place of `after`.",
+        ),
+    ] = None,
+) -> Response:
     """The lines of a batch that have ended so far, streamed while it runs: those after
-    `after`, up to the first line still queued or running."""
-    batch = batches.get(batch_id, scope=principal.scope)
-    partial = output.partial_output(batch, after=after, include_errors=include == "errors")
+    `after`, up to the first line still queued or running; with `follow`, every line from
+    there on as it ends, until the batch ends."""
+    batch = await run_in_threadpool(batches.get, batch_id, scope=principal.scope)
+    include_errors = include == "errors"
+    if follow:
+        events = followed_output(
+            batch,
+            after=after if last_event_id is None else last_event_id,
+            include_errors=include_errors,
+            scope=principal.scope,
+            batches=batches,
+            output=output,
+            waiter=waiter,
+        )
+        return event_stream(events)
+    partial = await run_in_threadpool(
+        output.partial_output, batch, after=after, include_errors=include_errors
+    )
     return StreamingResponse(
         partial.lines,
         media_type="application/octet-stream",

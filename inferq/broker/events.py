@@ -1,5 +1,6 @@
-"""Job events over Redis pub/sub: "finished" wakes long-polls, "cancelled" reaches workers,
-"submitted" offers new single jobs to workers (see worker/admission.py).
+"""Job events over Redis pub/sub: "finished" wakes long-polls (and followers of a batch's
+output), "cancelled" reaches workers, "submitted" offers new single jobs to workers (see
+worker/admission.py).
 
 A job's end is published on a channel of its own, so Redis delivers it only to the API
 processes that have a request waiting on that job (they subscribe while it waits), not to
@@ -17,7 +18,12 @@ from typing import Protocol
 from redis import Redis
 from redis.exceptions import RedisError
 
-from inferq.constants import JOBS_CANCEL_CHANNEL, JOBS_DONE_CHANNEL, JOBS_SUBMITTED_CHANNEL
+from inferq.constants import (
+    BATCH_PROGRESS_CHANNEL,
+    JOBS_CANCEL_CHANNEL,
+    JOBS_DONE_CHANNEL,
+    JOBS_SUBMITTED_CHANNEL,
+)
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +31,11 @@ log = logging.getLogger(__name__)
 def done_channel(key_prefix: str, job_id: str) -> str:
     """The channel on which `job_id`'s end is announced."""
     return f"{key_prefix}{JOBS_DONE_CHANNEL}:{job_id}"
+
+
+def batch_progress_channel(key_prefix: str, batch_id: str) -> str:
+    """The channel on which lines of `batch_id` ending is announced."""
+    return f"{key_prefix}{BATCH_PROGRESS_CHANNEL}:{batch_id}"
 
 
 def cancel_channel(key_prefix: str) -> str:
@@ -44,7 +55,7 @@ def decode_ids(data: bytes | str) -> list[str]:
 class FinishedJobs(Protocol):
     """Who hears that jobs' results are committed: Redis pub/sub, or nobody (`inferq run`)."""
 
-    def finished(self, job_ids: Sequence[str]) -> None: ...
+    def finished(self, job_ids: Sequence[str], *, batch_ids: Sequence[str] = ()) -> None: ...
 
 
 class JobEvents:
@@ -55,14 +66,17 @@ class JobEvents:
         self._key_prefix = key_prefix
         self._cancel = cancel_channel(key_prefix)
 
-    def finished(self, job_ids: Sequence[str]) -> None:
-        """Announce each job on its own channel, all in one round trip."""
+    def finished(self, job_ids: Sequence[str], *, batch_ids: Sequence[str] = ()) -> None:
+        """Announce each job on its own channel, and once each batch some of them are
+        lines of (`batch_ids`) on the batch's, all in one round trip."""
         if not job_ids:
             return
         try:
             with self._redis.pipeline(transaction=False) as pipe:
                 for job_id in job_ids:
                     pipe.publish(done_channel(self._key_prefix, job_id), b"")
+                for batch_id in batch_ids:
+                    pipe.publish(batch_progress_channel(self._key_prefix, batch_id), b"")
                 pipe.execute()
         except RedisError as exc:
             log.warning("could not announce %d finished jobs: %s", len(job_ids), exc)

@@ -24,6 +24,18 @@ class PartialOutput:
     lines: Iterator[bytes]
 
 
+@dataclass(frozen=True, kw_only=True)
+class OutputPart:
+    """Rendered lines of a batch (each with its number) that have ended since a cursor, as
+    `PartialOutput` but at most a given number: `more` says whether lines that have ended
+    were left for the next read; `ended`, whether every line has (and has been read)."""
+
+    cursor: int
+    ended: bool
+    more: bool
+    lines: list[tuple[int, bytes]]
+
+
 class BatchOutput:
     def __init__(self, *, files: FileStore, batches: BatchStore) -> None:
         self._files = files
@@ -52,7 +64,7 @@ class BatchOutput:
         or running, rendered as in the batch's output file (and, with `include_errors`,
         its error file, interleaved in input order). Lines never come back to queued once
         ended, so going on from the cursor neither misses nor repeats one."""
-        first_active = self._batches.first_active_line(batch.id)
+        first_active = self._batches.first_active_line(batch.id, after=after)
         if first_active is None:
             cursor = max(after, self._batches.last_line(batch.id) or 0)
         else:
@@ -64,6 +76,24 @@ class BatchOutput:
             cursor=cursor,
             ended=first_active is None,
             lines=_interleaved(rows, endpoint=batch.endpoint),
+        )
+
+    def part(self, batch: Batch, *, after: int, include_errors: bool, limit: int) -> OutputPart:
+        """What `partial_output` gives, read at once and cut to the `limit` lines after
+        `after`, each rendered with its line number."""
+        first_active = self._batches.first_active_line(batch.id, after=after)
+        last = self._batches.last_line(batch.id) if first_active is None else None
+        end = first_active if first_active is not None else (last or 0) + 1
+        before = min(end, after + limit + 1)
+        rows = self._batches.results(
+            batch.id, errors=None if include_errors else False, after=after, before=before
+        )
+        lines = [(row.line, b"".join(_interleaved([row], endpoint=batch.endpoint))) for row in rows]
+        return OutputPart(
+            cursor=max(after, before - 1),
+            ended=first_active is None and before == end,
+            more=before < end,
+            lines=lines,
         )
 
     def _rendered(self, batch: Batch, *, errors: bool) -> Iterator[bytes]:

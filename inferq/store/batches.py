@@ -179,13 +179,20 @@ class BatchStore(BatchEndings):
             last = rows[-1].line
             yield list(rows)
 
-    def first_active_line(self, batch_id: str) -> int | None:
-        """The first line of the batch still queued or running; None once all have ended."""
+    def first_active_line(self, batch_id: str, *, after: int = 0) -> int | None:
+        """The first line of the batch after `after` still queued or running; None once all
+        of them have ended. The lines are walked in order from `after` (an index), so it
+        reads about as many rows as have ended since."""
         with self._transaction() as session:
             return session.scalar(
-                select(func.min(JobRow.line)).where(
-                    JobRow.batch_id == batch_id, JobRow.status.in_(ACTIVE)
+                select(JobRow.line)
+                .where(
+                    JobRow.batch_id == batch_id,
+                    JobRow.line > after,
+                    JobRow.status.in_(ACTIVE),
                 )
+                .order_by(JobRow.line)
+                .limit(1)
             )
 
     def last_line(self, batch_id: str) -> int | None:

@@ -27,9 +27,11 @@ class _Announced:
 
     def __init__(self) -> None:
         self.job_ids: list[str] = []
+        self.batch_ids: list[str] = []
 
-    def finished(self, job_ids: Sequence[str]) -> None:
+    def finished(self, job_ids: Sequence[str], *, batch_ids: Sequence[str] = ()) -> None:
         self.job_ids.extend(job_ids)
+        self.batch_ids.extend(batch_ids)
 
 
 class Task:

@@ -58,9 +58,11 @@ def test_a_followed_batch_sends_every_line_once_in_order_across_a_reconnect(
     # The quick lines come while the slow ones still run: then the connection drops.
     first = follow(stack, batch_id, last_event_id=None, stop_after=QUICK)
     assert [e.id for e in first] == [str(n) for n in range(1, QUICK + 1)]
-    assert client.batches.retrieve(batch_id).status == "in_progress"
-
-    client.batches.cancel(batch_id)
+    # Cancelled with the worker (and its engine) frozen: however quick the machine, the
+    # slow lines are still running when it lands.
+    with stack.worker.frozen():
+        assert client.batches.retrieve(batch_id).status == "in_progress"
+        client.batches.cancel(batch_id)
     rest = follow(stack, batch_id, last_event_id=int(first[-1].id), stop_after=None)
     end = rest.pop()
     assert end.event == "end"
@@ -112,7 +114,10 @@ def test_follow_writes_the_files_as_they_grow_and_goes_on_after_a_kill(
         running.wait(timeout=30)
     assert len(out.read_text().splitlines()) >= QUICK
 
-    client.batches.cancel(batch_id)
+    # Cancelled with the worker frozen, so some slow lines are cancelled (an error file).
+    with stack.worker.frozen():
+        assert client.batches.retrieve(batch_id).status == "in_progress"
+        client.batches.cancel(batch_id)
     batch = wait_for(client, batch_id)
     done = subprocess.run(
         command, check=False, env=env, capture_output=True, text=True, timeout=300

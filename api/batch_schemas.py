@@ -8,8 +8,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from api.schemas import BatchEvent, ListPage, not_null
-from inferq.domain.batches import ENDPOINTS, StoredFile
-from inferq.wire.public import BatchPublic, ExpiresAfter
+from inferq.domain.batches import ENDPOINTS, FileEstimate, StoredFile
+from inferq.wire.public import (
+    BatchErrorPublic,
+    BatchErrors,
+    BatchEstimatePublic,
+    BatchPublic,
+    ExpiresAfter,
+)
 from inferq.wire.validation import Metadata, Priority
 
 
@@ -84,3 +90,41 @@ class BatchCreate(BaseModel):
 
 class BatchList(ListPage[BatchPublic]):
     pass
+
+
+class FileEstimatePublic(BaseModel):
+    """What a batch of a file would hold and when it would end, were it created now (or,
+    in `errors`, why it would fail)."""
+
+    object: Literal["batch.estimate"] = "batch.estimate"
+    model: str | None = Field(description="Its first line's model.")
+    lines: int = Field(description="Its valid lines.")
+    estimated_completion_at: int | None = Field(
+        description="When it would end (unix seconds); null while its model's workers have "
+        "measured nothing, or if it would fail."
+    )
+    estimate: BatchEstimatePublic | None
+    errors: BatchErrors | None = Field(description="The lines a batch of it would refuse.")
+
+    @classmethod
+    def from_estimate(cls, made: FileEstimate) -> FileEstimatePublic:
+        estimate = made.estimate
+        errors = [BatchErrorPublic(**e.to_dict()) for e in made.errors]
+        if made.refused > len(made.errors):
+            errors.append(
+                BatchErrorPublic(
+                    code="too_many_errors",
+                    line=None,
+                    message=f"{made.refused - len(made.errors)} more lines would be refused",
+                    param=None,
+                )
+            )
+        return cls(
+            model=made.model,
+            lines=made.lines,
+            estimated_completion_at=None
+            if estimate is None
+            else int(estimate.completion_at.timestamp()),
+            estimate=None if estimate is None else BatchEstimatePublic.from_estimate(estimate),
+            errors=BatchErrors(data=errors) if errors else None,
+        )

@@ -138,6 +138,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(embeddings.router)
     app.include_router(files.router)
     app.include_router(batches.router)
+    app.include_router(batches.estimates_router)
     app.include_router(models.router)
     app.include_router(status.router)
     app.include_router(webhooks.router)

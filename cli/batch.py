@@ -2,33 +2,20 @@
 
 from __future__ import annotations
 
-import json
-import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Annotated, Any
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
-from cli.client import ApiError, Client
+from cli.batch_results import append_partial, describe_estimate, finish, follow_to, progress_bar
+from cli.client import Client
 from cli.prompt_files import Defaults, is_openai_batch, prepare
-from inferq.constants import BATCH_ENDED_HEADER, NEXT_CURSOR_HEADER
 from inferq.settings import Settings
 
 batch_app = typer.Typer(no_args_is_help=True, help="Submit and follow batch files.")
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
-console = Console(stderr=True)
-# Headers of `GET /v1/batches/{id}/output` (see api/routes/batches.py).
 
 UrlOption = Annotated[str | None, typer.Option(help="API base URL [env INFERQ_API_URL].")]
 KeyOption = Annotated[
@@ -74,11 +61,17 @@ def submit(
     top_p: TopPOption = None,
     seed: SeedOption = None,
     completion_window: Annotated[str, typer.Option(help="e.g. 24h, 90m.")] = "24h",
+    estimate: Annotated[
+        bool,
+        typer.Option(
+            "--estimate", help="Only say when it would end and what it would cost: queue nothing."
+        ),
+    ] = False,
     url: UrlOption = None,
     api_key: KeyOption = None,
 ) -> None:
     """Submit FILE as a batch: OpenAI Batch JSONL, JSONL of {"prompt"} or {"messages"}
-    objects, or plain text with one prompt per line."""
+    objects, or plain text with one prompt per line. Says when it is expected to end."""
     sampling = sampling_defaults(
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed
     )
@@ -96,22 +89,29 @@ def submit(
             file, Defaults(model=served, sampling=sampling, chat=chat), workdir=Path(workdir)
         )
         uploaded = client.upload(ready.path)
-        batch = client.post(
-            "/v1/batches",
-            {
-                "input_file_id": uploaded["id"],
-                "endpoint": ready.endpoint,
-                "completion_window": completion_window,
-            },
-        )
+        body = {
+            "input_file_id": uploaded["id"],
+            "endpoint": ready.endpoint,
+            "completion_window": completion_window,
+        }
+        if estimate:
+            try:
+                reply = client.post("/v1/batch-estimates", body)
+            finally:
+                client.delete(f"/v1/files/{uploaded['id']}")
+            _print_errors(reply)
+            typer.echo(f"{reply['lines']} lines: {describe_estimate(reply['estimate'])}")
+            raise typer.Exit(1 if reply["errors"] else 0)
+        batch = client.post("/v1/batches", body)
     typer.echo(batch["id"])
     if batch["status"] == "failed":
         _print_errors(batch)
         raise typer.Exit(1)
+    typer.echo(describe_estimate(batch.get("estimate")), err=True)
     if wait:
         with _client(url, api_key) as client:
             batch = _follow(client, batch["id"])
-            _finish(client, batch, output)
+            finish(client, batch, output)
 
 
 @batch_app.command("status")
@@ -129,6 +129,8 @@ def status(
     )
     if batch["status"] == "failed":
         _print_errors(batch)
+    elif batch["status"] not in TERMINAL:
+        typer.echo(f"  {describe_estimate(batch.get('estimate'))}")
 
 
 @batch_app.command("cancel")
@@ -175,9 +177,9 @@ def download(
     """Write a batch's results (and, beside them, its errors) to files."""
     with _client(url, api_key) as client:
         if partial:
-            _append_partial(client, batch_id, output)
+            append_partial(client, batch_id, output)
         else:
-            _finish(client, client.get(f"/v1/batches/{batch_id}"), output)
+            finish(client, client.get(f"/v1/batches/{batch_id}"), output)
 
 
 @batch_app.command("follow")
@@ -191,133 +193,8 @@ def follow(
     cancelled lines to OUTPUT with .errors.jsonl), until it ends. Cut off, it reconnects
     and goes on; stopped, it goes on where it was when run again (OUTPUT.follow
     remembers; without it, OUTPUT is written from the start)."""
-    state = _FollowState.resume(output)
     with _client(url, api_key) as client:
-        batch = client.get(f"/v1/batches/{batch_id}")
-        with (
-            progress_bar() as progress,
-            output.open("ab") as results,
-            state.errors.open("ab") as errors,
-        ):
-            task = progress.add_task(
-                batch_id,
-                total=batch["request_counts"]["total"],
-                completed=state.lines,
-                failed=state.failed,
-                rate=0.0,
-            )
-            while (ended := _follow_events(client, batch_id, state, results, errors)) is None:
-                progress.update(task, completed=state.lines, failed=state.failed)
-                time.sleep(RECONNECT_S)
-            progress.update(task, completed=state.lines, failed=state.failed)
-        _finish(client, ended, None)
-    typer.echo(f"wrote {output} and {state.errors}", err=True)
-
-
-# A lost connection is tried again this often, and given up after this many tries in a
-# row that brought nothing.
-RECONNECT_S = 1.0
-RECONNECT_TRIES = 30
-
-
-class _FollowState:
-    """Where `batch follow` is: the last line written, and how long each file was then.
-    Saved beside the output (`OUTPUT.follow`); a run that goes on cuts the files back to
-    the saved lengths first, so a line written after the last save is not written twice."""
-
-    def __init__(self, output: Path) -> None:
-        self.output = output
-        self.errors = output.with_suffix(".errors.jsonl")
-        self.path = output.with_name(f"{output.name}.follow")
-        self.cursor = 0
-        self.lines = 0
-        self.failed = 0
-        self.sizes = (0, 0)
-        self.tries = 0
-
-    @classmethod
-    def resume(cls, output: Path) -> _FollowState:
-        state = cls(output)
-        if state.path.exists():
-            saved = json.loads(state.path.read_text())
-            state.cursor, state.lines, state.failed = (
-                saved["cursor"],
-                saved["lines"],
-                saved["failed"],
-            )
-            state.sizes = (saved["output_bytes"], saved["error_bytes"])
-        for path, size in ((state.output, state.sizes[0]), (state.errors, state.sizes[1])):
-            with path.open("ab") as file:
-                file.truncate(size)
-        return state
-
-    def save(self, results: IO[bytes], errors: IO[bytes]) -> None:
-        results.flush()
-        errors.flush()
-        self.sizes = (results.tell(), errors.tell())
-        saved = {
-            "cursor": self.cursor,
-            "lines": self.lines,
-            "failed": self.failed,
-            "output_bytes": self.sizes[0],
-            "error_bytes": self.sizes[1],
-        }
-        temporary = self.path.with_name(self.path.name + ".new")
-        temporary.write_text(json.dumps(saved) + "\n")
-        temporary.replace(self.path)
-
-
-def _follow_events(
-    client: Client, batch_id: str, state: _FollowState, results: IO[bytes], errors: IO[bytes]
-) -> dict[str, Any] | None:
-    """Write the lines the API sends from the cursor on; the batch once it has ended, or
-    None if the connection was lost (try again)."""
-    saved_at = time.monotonic()
-    try:
-        with client.events(
-            f"/v1/batches/{batch_id}/output",
-            last_event_id=str(state.cursor),
-            follow="true",
-            include="errors",
-        ) as events:
-            for event in events:
-                if event.event == "end":
-                    state.save(results, errors)
-                    ended: dict[str, Any] = json.loads(event.data)
-                    return ended
-                if event.event != "line":
-                    continue
-                failed = json.loads(event.data)["error"] is not None
-                (errors if failed else results).write(event.data.encode() + b"\n")
-                state.cursor = int(event.id)
-                state.lines += 1
-                state.failed += failed
-                state.tries = 0
-                if time.monotonic() - saved_at > 0.5:
-                    state.save(results, errors)
-                    saved_at = time.monotonic()
-    except ApiError as exc:
-        if exc.status is not None or state.tries >= RECONNECT_TRIES:
-            raise
-        console.print(f"{exc.message}; going on from line {state.cursor}")
-    state.save(results, errors)
-    state.tries += 1
-    return None
-
-
-def progress_bar() -> Progress:
-    """Lines done of total, failed lines, generated tokens/s, elapsed time and ETA."""
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[failed]} failed"),
-        TextColumn("{task.fields[rate]:.0f} tok/s"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        console=console,
-    )
+        follow_to(client, batch_id, output)
 
 
 def _follow(client: Client, batch_id: str) -> dict[str, Any]:
@@ -341,65 +218,6 @@ def _follow(client: Client, batch_id: str) -> dict[str, Any]:
                 description=f"{batch_id} {batch['status']}",
             )
     return batch
-
-
-def _finish(client: Client, batch: dict[str, Any], output: Path | None) -> None:
-    counts = batch["request_counts"]
-    typer.echo(
-        f"batch {batch['id']} {batch['status']}: {counts['completed']} succeeded, "
-        f"{counts['failed']} failed of {counts['total']}",
-        err=True,
-    )
-    if output is None:
-        return
-    for file_id, target in (
-        (batch["output_file_id"], output),
-        (batch["error_file_id"], output.with_suffix(".errors.jsonl")),
-    ):
-        if file_id is None:
-            continue
-        with target.open("wb") as out:
-            for chunk in client.download(file_id):
-                out.write(chunk)
-        typer.echo(f"wrote {target}", err=True)
-
-
-def _append_partial(client: Client, batch_id: str, output: Path) -> None:
-    """Append the batch's lines ended since the cursor kept beside `output`, as `_finish`
-    writes them (successes to `output`, the others beside it), and move the cursor on."""
-    cursor_file = output.with_name(f"{output.name}.cursor")
-    after = int(cursor_file.read_text()) if cursor_file.exists() else 0
-    errors = output.with_suffix(".errors.jsonl")
-    added = {False: 0, True: 0}  # by whether the line is an error
-    # Gathered before anything is appended, so a broken download appends nothing twice.
-    with tempfile.TemporaryFile() as succeeded, tempfile.TemporaryFile() as failed:
-        with client.stream(
-            f"/v1/batches/{batch_id}/output", after=after, include="errors"
-        ) as response:
-            cursor = int(response.headers[NEXT_CURSOR_HEADER])
-            ended = response.headers[BATCH_ENDED_HEADER] == "true"
-            for line in response.iter_lines():
-                if line:
-                    error = json.loads(line)["error"] is not None
-                    (failed if error else succeeded).write(line.encode() + b"\n")
-                    added[error] += 1
-        _append(succeeded, output)
-        _append(failed, errors)
-    cursor_file.write_text(f"{cursor}\n")
-    typer.echo(
-        f"added {added[False]} results to {output} and {added[True]} errors to {errors}; batch "
-        f"{batch_id} {'has ended' if ended else 'is still running'} (line {cursor} reached)",
-        err=True,
-    )
-
-
-def _append(lines: IO[bytes], target: Path) -> None:
-    """Append the gathered `lines` to `target`, made only if there are some."""
-    if not lines.tell():
-        return
-    lines.seek(0)
-    with target.open("ab") as out:
-        shutil.copyfileobj(lines, out)
 
 
 def _print_errors(batch: dict[str, Any]) -> None:

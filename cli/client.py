@@ -45,6 +45,9 @@ class Client:
         key = uuid.uuid4().hex
         return self._send("POST", path, json=body or {}, headers={"Idempotency-Key": key})
 
+    def delete(self, path: str) -> dict[str, Any]:
+        return self._send("DELETE", path)
+
     def upload(self, path: Path, *, purpose: str = "batch") -> dict[str, Any]:
         with path.open("rb") as handle:
             return self._send(

@@ -248,6 +248,7 @@ class LocalRun:
             publisher=_NoBroker(),
             events=_NoBroker(),
             output=self._output,
+            estimates=self._app.batch_estimates,
             max_lines=NO_LIMIT,
             retention_s=0,  # the state file is the user's to delete
             requeue_after_s=self.settings.requeue_after_s,

@@ -19,10 +19,9 @@ from cli.batch import (
     SeedOption,
     TemperatureOption,
     TopPOption,
-    console,
-    progress_bar,
     sampling_defaults,
 )
+from cli.batch_results import console, progress_bar
 from cli.demo_model import DEMO
 from cli.logs import configure_logging
 from cli.prompt_files import BadInput, Defaults, prepare

@@ -94,6 +94,7 @@ def run_housekeeper(settings: Settings, *, name: str | None = None) -> None:
         requeue_after_s=settings.requeue_after_s,
         stranded_after_s=settings.lease_s,
         batches=app.batch_lifecycle,
+        estimates=app.batch_estimates,
         webhooks_due=app.webhooks.due,
         retention=Retention(
             app.retention,

@@ -14,6 +14,9 @@
 A duplicate message is harmless: a worker claims a job only while it is queued (or its
 lease ran out), so the second message finds nothing to do.
 
+Batches in progress are estimated again (inferq/operations/batch_estimates.py), so each
+says when it will end as the work before it and its own lines run.
+
 Last, retention deletes what has outlived its keep (housekeeper/retention.py); each pass's
 report goes to Redis (`retention:passes`, newest first) for operators and benches.
 """
@@ -41,6 +44,7 @@ from inferq.constants import (
     RETENTION_PASSES_KEY,
 )
 from inferq.domain.queue_names import gpu_queues, is_bulk
+from inferq.operations.batch_estimates import BatchEstimates
 from inferq.operations.batches import BatchLifecycle
 from inferq.store.base import utcnow
 from inferq.store.job_publishing import DueJob, JobPublishing
@@ -71,6 +75,7 @@ class Maintenance:
         requeue_after_s: int,
         stranded_after_s: int,
         batches: BatchLifecycle,
+        estimates: BatchEstimates,
         webhooks_due: Callable[[], bool],
         retention: Retention,
         served_models: Callable[[], Iterable[str]] = tuple,
@@ -89,6 +94,7 @@ class Maintenance:
         self._lock_s = lock_s
         self._clock = clock
         self._batches = batches
+        self._estimates = estimates
         self._webhooks_due = webhooks_due
         self._retention = retention
         self._served_models = served_models
@@ -153,10 +159,13 @@ class Maintenance:
         pipe.execute()
 
     def _tend_batches(self) -> None:
-        """Expire batches past their window; finalize any whose last line ended unseen."""
+        """Expire batches past their window; finalize any whose last line ended unseen;
+        estimate those in progress again."""
         for batch_id in self._batches.expire_due():
             log.info("batch %s expired", batch_id, extra={"batch_id": batch_id})
         self._batches.finalize_finished()
+        self._estimates.refresh()
+        self._estimates.forget_gone_workers()
 
     def _delivered_before(self, queue: str) -> datetime | None:
         """A time before which every job of `queue` has had its message delivered: when

@@ -20,6 +20,7 @@ from inferq.broker.events import JobEvents
 from inferq.broker.queues import QueueMonitor
 from inferq.broker.worker_registry import WorkerRegistry
 from inferq.exceptions import StoreUnavailable
+from inferq.operations.batch_estimates import BatchEstimates
 from inferq.operations.batch_output import BatchOutput
 from inferq.operations.batches import BatchLifecycle, BatchOperations
 from inferq.operations.files import FileOperations
@@ -27,8 +28,10 @@ from inferq.operations.jobs import JobOperations
 from inferq.operations.webhooks import WebhookOperations
 from inferq.settings import Settings
 from inferq.store.api_keys import KeyStore
+from inferq.store.batch_work import BatchWorkStore
 from inferq.store.batches import BatchStore
 from inferq.store.engine import make_engine, make_sessions
+from inferq.store.engine_speeds import SpeedStore
 from inferq.store.files import FileStore
 from inferq.store.idempotency import IdempotencyStore
 from inferq.store.jobs import JobStore
@@ -122,6 +125,14 @@ class App:
     def retention(self) -> RetentionStore:
         return RetentionStore(self.sessions)
 
+    @cached_property
+    def speeds(self) -> SpeedStore:
+        return SpeedStore(self.sessions)
+
+    @cached_property
+    def batch_work(self) -> BatchWorkStore:
+        return BatchWorkStore(self.sessions)
+
     # Operations.
 
     @cached_property
@@ -145,6 +156,10 @@ class App:
         return BatchOutput(files=self.files, batches=self.batches)
 
     @cached_property
+    def batch_estimates(self) -> BatchEstimates:
+        return BatchEstimates(work=self.batch_work, speeds=self.speeds, models=self.served_models)
+
+    @cached_property
     def batch_operations(self) -> BatchOperations:
         return BatchOperations(
             files=self.files,
@@ -153,6 +168,7 @@ class App:
             publisher=self.publisher,
             events=self.events,
             output=self.batch_output,
+            estimates=self.batch_estimates,
             max_lines=self.settings.max_batch_lines,
             requeue_after_s=self.settings.requeue_after_s,
             retention_s=self.settings.job_retention_s,

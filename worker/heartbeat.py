@@ -1,4 +1,5 @@
-"""A thread that keeps this worker's heartbeat (its status) fresh in Redis."""
+"""A thread that keeps this worker's heartbeat (its status) fresh in Redis, and what it
+measured of its engine (worker/speedometer.py) in Postgres for batch estimates."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from datetime import UTC, datetime
 from redis.exceptions import RedisError
 
 from inferq.broker.worker_registry import HEARTBEAT_EVERY_S, WorkerRegistry, WorkerStatus
+from inferq.exceptions import StoreUnavailable
+from inferq.store.engine_speeds import SpeedStore
 from worker.runtime import EngineRuntime
 
 log = logging.getLogger(__name__)
@@ -25,8 +28,10 @@ class Heartbeat:
         runner: str,
         adapters: list[str],
         gpus: list[str],
+        speeds: SpeedStore,
     ) -> None:
         self._registry = registry
+        self._speeds = speeds
         self._runtime = runtime
         self._model = model
         self._runner = runner
@@ -70,3 +75,19 @@ class Heartbeat:
             self._registry.beat(status)
         except RedisError as exc:
             log.warning("heartbeat failed: %s", exc)
+        self._report_speed()
+
+    def _report_speed(self) -> None:
+        reading = self._runtime.speed.reading()
+        try:
+            self._speeds.report(
+                worker=self._runtime.worker_name,
+                model=self._model,
+                runner=self._runner,
+                tokens_per_s=reading.full_tokens_per_s,
+                fallback_tokens_per_s=reading.busy_tokens_per_s,
+                output_fraction=reading.output_fraction,
+                interactive_tokens_per_s=reading.interactive_tokens_per_s,
+            )
+        except StoreUnavailable as exc:
+            log.warning("could not record the engine's speed: %s", exc.message)

@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from inferq.broker.token_stream import RunStarted, TokenEvent
-from inferq.domain.jobs import JobError, JobOutcome
+from inferq.domain.jobs import JobError, JobOutcome, is_interactive
 from inferq.exceptions import EngineError, RequestRejected
 from worker.admission import AdmissionQueue
 from worker.engine.protocol import Engine, EngineRequest
 from worker.metrics import WorkerMetrics
+from worker.speedometer import Speedometer
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class EngineLoop:
         on_outcome: Callable[[JobOutcome], None],
         on_fatal: Callable[[BaseException], None],
         metrics: WorkerMetrics,
+        speed: Speedometer,
         max_num_seqs: int,
         interactive_seqs: int = 0,
         max_engine_deaths: int = 3,
@@ -69,6 +71,7 @@ class EngineLoop:
         self._interactive_seqs = interactive_seqs
         self._max_engine_deaths = max_engine_deaths
         self._metrics = metrics
+        self._speed = speed
         self._stats_at = 0.0
         # Kept by the loop thread, read by scrapes: a plain int is safe to read anywhere.
         self._sequences = 0
@@ -124,10 +127,14 @@ class EngineLoop:
     def _run(self) -> None:
         try:
             while not self._stopping.is_set():
+                began = time.monotonic()
                 self._apply_aborts()
                 self._admit_pending()
                 if self._in_flight:
+                    sequences = self._sequences
                     self._step()
+                    # The whole turn, admission included: the rate a batch gets.
+                    self._speed.stepped(duration_s=time.monotonic() - began, sequences=sequences)
                 elif not self._admitting.is_set():
                     self._stopping.wait(IDLE_POLL_S)
                 self._sample_stats()
@@ -203,6 +210,12 @@ class EngineLoop:
             self._metrics.jobs_finished.labels("succeeded", reason).inc()
             self._metrics.prompt_tokens.inc(result.prompt_tokens)
             self._metrics.generation_tokens.inc(result.completion_tokens)
+            self._speed.finished(
+                prompt_tokens=result.prompt_tokens,
+                completion_tokens=result.completion_tokens,
+                max_tokens=entry.request.sampling.max_tokens * entry.request.sampling.n,
+                interactive=is_interactive(entry.request.priority),
+            )
             self._on_outcome(
                 JobOutcome(job_id=item.job_id, result=result, started_at=entry.admitted_at)
             )

@@ -134,6 +134,7 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
         runner=settings.runner,
         adapters=sorted(settings.lora_adapters),
         gpus=gpu_names(),
+        speeds=app.speeds,
     )
     heartbeat.start()
     # The API accepts these names from now on; their jobs wait in the queues until taken.

@@ -35,6 +35,7 @@ from worker.engine.protocol import Engine, EngineRequest
 from worker.leases import LeaseKeeper
 from worker.loop import EngineLoop
 from worker.metrics import WorkerMetrics
+from worker.speedometer import Speedometer
 from worker.store import WorkerStore
 from worker.throughput import RollingMinute
 from worker.tickets import Ticket, Tickets
@@ -69,14 +70,18 @@ class EngineRuntime:
         max_engine_deaths: int,
         on_fatal: Callable[[BaseException], None],
         metrics: WorkerMetrics,
+        pooling: bool = False,
         on_batch_lines_done: Callable[[set[str]], None] | None = None,
         on_tokens: Callable[[Sequence[TokenEvent]], None] | None = None,
     ) -> None:
+        """`pooling`: the engine embeds rather than generates (its speed is counted in
+        prompt tokens)."""
         self._events = events
         self.worker_name = worker_name
         self._metrics = metrics
         self._on_batch_lines_done = on_batch_lines_done
         self.last_minute = RollingMinute()
+        self.speed = Speedometer(max_num_seqs=max_num_seqs, pooling=pooling)
         self.admission = AdmissionQueue(
             max_batch_size=max_batch_size, max_batch_delay_ms=max_batch_delay_ms
         )
@@ -90,6 +95,7 @@ class EngineRuntime:
             on_outcome=self._writer.put,
             on_fatal=on_fatal,
             metrics=metrics,
+            speed=self.speed,
             max_num_seqs=max_num_seqs,
             interactive_seqs=interactive_seqs,
             max_engine_deaths=max_engine_deaths,
@@ -150,6 +156,7 @@ class EngineRuntime:
             max_engine_deaths=settings.max_engine_deaths,
             on_fatal=on_fatal,
             metrics=metrics,
+            pooling=settings.runner == "pooling",
             on_batch_lines_done=on_batch_lines_done,
             on_tokens=on_tokens,
         )

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from api.batch_follow import followed_output
-from api.batch_schemas import BatchCreate, BatchList
+from api.batch_schemas import BatchCreate, BatchList, FileEstimatePublic
 from api.deps import (
     BatchOpsDep,
     BatchOutputDep,
@@ -27,6 +27,10 @@ from inferq.store.idempotency import IdempotentRequest
 from inferq.wire.public import BatchPublic
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"], responses=error_responses(401, 429, 503))
+# Not under /v1/batches, where `estimate` would read as a batch id (GET /v1/batches/{id}).
+estimates_router = APIRouter(
+    prefix="/v1/batch-estimates", tags=["batches"], responses=error_responses(401, 429, 503)
+)
 
 
 @router.post("", response_model=BatchPublic, responses=error_responses(409, 422))
@@ -61,6 +65,18 @@ async def create_batch(
         return BatchPublic.from_batch(batch)
 
     return await idempotency.run(idempotency_key, body=body, principal=principal, run=create)
+
+
+@estimates_router.post("", response_model=FileEstimatePublic, responses=error_responses(422))
+def estimate_batch(
+    body: BatchCreate, batches: BatchOpsDep, principal: PrincipalDep
+) -> FileEstimatePublic:
+    """When a batch of this file would end and what it would cost, were it created now:
+    its lines are checked as a create checks them, and nothing is queued."""
+    made = batches.estimate(
+        tenant=principal.tenant, input_file_id=body.input_file_id, endpoint=body.endpoint
+    )
+    return FileEstimatePublic.from_estimate(made)
 
 
 @router.get("/{batch_id}", response_model=BatchPublic, responses=error_responses(404))

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from inferq.domain.jobs import JobStatus
+from inferq.domain.estimates import Estimate
+from inferq.domain.jobs import JobStatus, SamplingParams
 from inferq.exceptions import InvalidRequest
 
 CHAT_ENDPOINT = "/v1/chat/completions"
@@ -127,6 +128,25 @@ class Batch:
     # How long its output is kept after it ends (None: kept), and until when, once ended.
     output_expires_after_s: int | None = None
     output_expires_at: datetime | None = None
+    # When it is expected to end (None: its model's workers have measured nothing yet).
+    estimate: Estimate | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileEstimate:
+    """What a batch of a file would hold and when it would end, were it created now; or
+    why it would fail (`errors`, the first of `refused` lines)."""
+
+    lines: int
+    model: str | None
+    estimate: Estimate | None = None
+    errors: tuple[LineError, ...] = ()
+    refused: int = 0
+
+
+def max_output_tokens(sampling: SamplingParams) -> int:
+    """The most tokens a line can make (an embedding line makes none)."""
+    return 0 if sampling.pooling is not None else sampling.max_tokens * sampling.n
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -98,6 +98,11 @@ def engine_priority(priority: int, *, interactive: bool) -> int:
     return priority if interactive else _BULK_PRIORITY_OFFSET + priority
 
 
+def is_interactive(engine_priority: int) -> bool:
+    """Whether a request of this engine priority is a single job (not a batch line)."""
+    return engine_priority < _BULK_PRIORITY_OFFSET
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
     """A validated request, ready to be written: the prompt is already tokenized."""

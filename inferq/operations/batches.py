@@ -8,16 +8,22 @@ import dataclasses
 import itertools
 import logging
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Protocol
 
 from inferq.domain.batches import (
     Batch,
+    FileEstimate,
     FilePurpose,
     LineError,
+    StoredFile,
+    max_output_tokens,
     parse_completion_window,
 )
+from inferq.domain.estimates import BatchWork
 from inferq.domain.webhooks import WebhookRequest
 from inferq.exceptions import BrokerUnavailable, InvalidRequest, NotFound
+from inferq.operations.batch_estimates import BatchEstimates
 from inferq.operations.batch_output import BatchOutput
 from inferq.store.base import Page
 from inferq.store.batch_rows import NewBatch
@@ -56,6 +62,7 @@ class BatchOperations:
         publisher: BatchPublisher,
         events: CancelledJobs,
         output: BatchOutput,
+        estimates: BatchEstimates,
         max_lines: int,
         requeue_after_s: int,
         retention_s: int,
@@ -70,6 +77,7 @@ class BatchOperations:
         self._publisher = publisher
         self._events = events
         self._output = output
+        self._estimates = estimates
         self._max_lines = max_lines
         self._requeue_after_s = requeue_after_s
         self._retention_s = retention_s
@@ -94,15 +102,7 @@ class BatchOperations:
         its lines, results and files are kept `output_expires_after_s` (None: the
         deployment's retention)."""
         window = parse_completion_window(completion_window)
-        try:
-            source = self.files.get(input_file_id, scope=tenant)
-        except NotFound as exc:
-            raise InvalidRequest(exc.message, param="input_file_id") from exc
-        if source.purpose is not FilePurpose.BATCH:
-            raise InvalidRequest(
-                f"file {input_file_id} has purpose {source.purpose}, not 'batch'",
-                param="input_file_id",
-            )
+        source = self._source(input_file_id, tenant=tenant)
         new = NewBatch(
             tenant=tenant,
             endpoint=endpoint,
@@ -119,11 +119,7 @@ class BatchOperations:
             else self._retention_s or None,
         )
         if source.lines > self._max_lines:
-            error = LineError(
-                code="too_many_lines",
-                message=f"the file has {source.lines} lines, over the limit of "
-                f"{self._max_lines}: split it into several batches",
-            )
+            error = self._too_many_lines(source)
             return self.batches.create_failed(new, [error], respond=self._respond)
         reader = BatchLineReader(self._models, endpoint=endpoint)
         lines = reader.read(self.files.lines(input_file_id))
@@ -147,7 +143,44 @@ class BatchOperations:
         if batch.errors:
             return batch
         self._publish(batch)
+        self._estimates.refresh(only=batch.id)
         return self.batches.get(batch.id)
+
+    def estimate(self, *, tenant: str, input_file_id: str, endpoint: str) -> FileEstimate:
+        """What a batch of this file would hold, and when it would end, were it created
+        now: its lines are checked as `create` checks them, and nothing is written."""
+        source = self._source(input_file_id, tenant=tenant)
+        if source.lines > self._max_lines:
+            return FileEstimate(lines=0, model=None, errors=(self._too_many_lines(source),))
+        model: str | None = None
+        lines = prompt_tokens = max_tokens = refused = 0
+        errors: list[LineError] = []
+        reader = BatchLineReader(self._models, endpoint=endpoint)
+        for item in reader.read(self.files.lines(input_file_id)):
+            if isinstance(item, LineError):
+                refused += 1
+                errors += [item] if len(errors) < MAX_LISTED_ERRORS else []
+                continue
+            model = model or item.spec.model
+            lines += 1
+            prompt_tokens += len(item.spec.prompt_token_ids)
+            max_tokens += max_output_tokens(item.spec.sampling)
+        if errors or model is None:
+            return FileEstimate(lines=lines, model=model, errors=tuple(errors), refused=refused)
+        work = BatchWork(
+            batch_id="",
+            created_at=datetime.now(UTC),
+            lines=lines,
+            ended=0,
+            succeeded=0,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            input_tokens=0,
+            output_tokens=0,
+        )
+        return FileEstimate(
+            lines=lines, model=model, estimate=self._estimates.of_new(work, model=model)
+        )
 
     def get(self, batch_id: str, *, scope: str | None) -> Batch:
         return self.batches.get(batch_id, scope=scope)
@@ -165,6 +198,25 @@ class BatchOperations:
         )
         self._after_stop(batch.id, running)
         return self.batches.get(batch.id)
+
+    def _source(self, input_file_id: str, *, tenant: str) -> StoredFile:
+        try:
+            source = self.files.get(input_file_id, scope=tenant)
+        except NotFound as exc:
+            raise InvalidRequest(exc.message, param="input_file_id") from exc
+        if source.purpose is not FilePurpose.BATCH:
+            raise InvalidRequest(
+                f"file {input_file_id} has purpose {source.purpose}, not 'batch'",
+                param="input_file_id",
+            )
+        return source
+
+    def _too_many_lines(self, source: StoredFile) -> LineError:
+        return LineError(
+            code="too_many_lines",
+            message=f"the file has {source.lines} lines, over the limit of "
+            f"{self._max_lines}: split it into several batches",
+        )
 
     def _publish(self, batch: Batch) -> None:
         try:

@@ -18,6 +18,7 @@ from inferq.domain.batches import (
     RequestCounts,
     ResultRow,
 )
+from inferq.domain.estimates import Estimate
 from inferq.domain.jobs import JobStatus
 from inferq.domain.webhooks import WebhookRequest
 from inferq.exceptions import NotFound
@@ -120,6 +121,9 @@ def batch_from_row(row: BatchRow) -> Batch:
         usage=BatchUsage(input_tokens=row.input_tokens, output_tokens=row.output_tokens),
         output_expires_after_s=row.output_expires_after_s,
         output_expires_at=as_utc(row.output_expires_at),
+        estimate=None
+        if row.estimate is None or BatchStatus(row.status).is_terminal
+        else Estimate.from_dict(row.estimate),
     )
 
 

@@ -10,7 +10,14 @@ from typing import Any
 from sqlalchemy import func, insert, or_, select
 from sqlalchemy.orm import Session
 
-from inferq.domain.batches import BATCH_ID_PREFIX, Batch, BatchStatus, LineError, ResultRow
+from inferq.domain.batches import (
+    BATCH_ID_PREFIX,
+    Batch,
+    BatchStatus,
+    LineError,
+    ResultRow,
+    max_output_tokens,
+)
 from inferq.domain.jobs import TERMINAL_STATUSES, JobStatus
 from inferq.domain.queue_names import bulk_queue
 from inferq.ids import new_id
@@ -59,7 +66,7 @@ class BatchStore(BatchEndings):
         batch_id = new_id(BATCH_ID_PREFIX)
         now = self._clock()
         errors: list[LineError] = []
-        refused = written = 0
+        refused = written = prompt_tokens = max_tokens = 0
         try:
             with self._transaction() as session:
                 session.execute(insert(BatchRow).values(**_batch_row(session, new, batch_id, now)))
@@ -71,6 +78,8 @@ class BatchStore(BatchEndings):
                     elif not errors:  # after a refusal, lines are still checked, not written
                         rows.append(_line_row(item, batch_id, new, now, requeue_after_s))
                         written += 1
+                        prompt_tokens += len(item.spec.prompt_token_ids)
+                        max_tokens += max_output_tokens(item.spec.sampling)
                         rows = _flush(session, rows, at=INSERT_EVERY)
                 if errors:
                     raise _LinesRefused
@@ -79,6 +88,7 @@ class BatchStore(BatchEndings):
                 assert row is not None
                 row.status, row.in_progress_at = BatchStatus.IN_PROGRESS.value, self._clock()
                 row.request_total = written
+                row.line_prompt_tokens, row.line_max_tokens = prompt_tokens, max_tokens
                 batch = batch_from_row(row)
                 _remember(session, new, batch, respond)
                 return batch

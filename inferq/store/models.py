@@ -10,6 +10,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -126,6 +127,21 @@ class ServedModelRow(Base):
     registered_at: Mapped[datetime] = mapped_column(Timestamp)
 
 
+class EngineSpeedRow(Base):
+    """What a GPU worker measured of its engine, replaced at each of its reports; the rows
+    of workers gone stay (the newest stands in while none is live)."""
+
+    __tablename__ = "engine_speeds"
+
+    worker: Mapped[str] = mapped_column(Text, primary_key=True)
+    model: Mapped[str] = mapped_column(Text, index=True)
+    runner: Mapped[str] = mapped_column(String(16))
+    tokens_per_s: Mapped[float] = mapped_column(Float)
+    output_fraction: Mapped[float | None] = mapped_column(Float)
+    interactive_tokens_per_s: Mapped[float] = mapped_column(Float)
+    reported_at: Mapped[datetime] = mapped_column(Timestamp)
+
+
 class ApiKeyRow(Base):
     __tablename__ = "api_keys"
 
@@ -225,6 +241,12 @@ class BatchRow(Base):
     # files go (set once it ends; None: kept).
     output_expires_after_s: Mapped[int | None] = mapped_column(Integer)
     output_expires_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    # What its lines ask of the engine, summed when it is written: their prompt tokens,
+    # and their `max_tokens` (times `n`); and when it is expected to end, made then and
+    # again while it runs (inferq/domain/estimates.py; None: nothing measured yet).
+    line_prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    line_max_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    estimate: Mapped[dict[str, Any] | None] = mapped_column(Json)
 
     __table_args__ = (
         Index("ix_batches_tenant_id", "tenant", "id"),

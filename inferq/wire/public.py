@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from inferq.domain.batches import Batch, BatchStatus
+from inferq.domain.estimates import Estimate
 from inferq.domain.jobs import Choice, Job, JobStatus
 from inferq.wire.embeddings import embedding_vectors
 from inferq.wire.openai_format import tool_call
@@ -185,6 +186,38 @@ class ExpiresAfter(BaseModel):
     )
 
 
+class BatchEstimatePublic(BaseModel):
+    """When a batch is expected to end and what it is expected to cost: from the speed its
+    model's workers measured, the work queued before it and its own lines' prompts and
+    `max_tokens` (and, once they run, what they generated)."""
+
+    completion_at: int = Field(description="When it is expected to end (unix seconds).")
+    earliest_completion_at: int
+    latest_completion_at: int = Field(
+        description="Were every remaining line to run to its `max_tokens`."
+    )
+    input_tokens: int = Field(description="Its lines' prompt tokens.")
+    output_tokens: int = Field(description="Tokens it is expected to generate, in all.")
+    output_tokens_max: int = Field(description="The most it can generate: every `max_tokens`.")
+    tokens_per_s: float = Field(description="The rate it is expected to get.")
+    tokens_ahead: int = Field(description="Expected work queued before it, in tokens.")
+    updated_at: int
+
+    @classmethod
+    def from_estimate(cls, estimate: Estimate) -> BatchEstimatePublic:
+        return cls(
+            completion_at=int(estimate.completion_at.timestamp()),
+            earliest_completion_at=int(estimate.earliest_at.timestamp()),
+            latest_completion_at=int(estimate.latest_at.timestamp()),
+            input_tokens=estimate.input_tokens,
+            output_tokens=estimate.output_tokens,
+            output_tokens_max=estimate.output_tokens_max,
+            tokens_per_s=round(estimate.tokens_per_s, 1),
+            tokens_ahead=estimate.tokens_ahead,
+            updated_at=int(estimate.made_at.timestamp()),
+        )
+
+
 class BatchPublic(BaseModel):
     """A batch, as OpenAI's Batch API returns it."""
 
@@ -216,10 +249,24 @@ class BatchPublic(BaseModel):
         "kept until deleted).",
     )
     priority: int = Field(0, description="inferq's addition: its lines' priority.")
+    estimated_completion_at: int | None = Field(
+        None,
+        description="inferq's addition: when it is expected to end (unix seconds), updated "
+        "while it runs; null once it has ended, or while its model's workers have measured "
+        "nothing.",
+    )
+    estimate: BatchEstimatePublic | None = Field(
+        None, description="inferq's addition: the estimate, with its interval and tokens."
+    )
 
     @classmethod
     def from_batch(cls, batch: Batch) -> BatchPublic:
+        estimate = batch.estimate
         return cls(
+            estimated_completion_at=None
+            if estimate is None
+            else int(estimate.completion_at.timestamp()),
+            estimate=None if estimate is None else BatchEstimatePublic.from_estimate(estimate),
             id=batch.id,
             endpoint=batch.endpoint,
             model=batch.model,

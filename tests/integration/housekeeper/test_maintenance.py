@@ -55,6 +55,7 @@ class Harness:
             requeue_after_s=3600,
             stranded_after_s=30,
             batches=self.app.batch_lifecycle,
+            estimates=self.app.batch_estimates,
             webhooks_due=self.app.webhooks.due,
             # Kept for ever: these tests look at what is published again, not deleted.
             retention=Retention(self.app.retention, job_retention_s=0, webhook_retention_s=0),

@@ -16,6 +16,7 @@ from worker.admission import AdmissionQueue
 from worker.engine.protocol import EngineRequest
 from worker.loop import EngineLoop
 from worker.metrics import WorkerMetrics
+from worker.speedometer import Speedometer
 
 
 class Harness:
@@ -35,6 +36,7 @@ class Harness:
         self._done = threading.Condition()
         self.admission = AdmissionQueue(max_batch_size=max_batch_size, max_batch_delay_ms=0)
         self.registry = CollectorRegistry()
+        self.speed = Speedometer(max_num_seqs=max_num_seqs)
         self.loop = EngineLoop(
             engine=engine,
             engine_factory=self._new_engine,
@@ -42,6 +44,7 @@ class Harness:
             on_outcome=self._outcome,
             on_fatal=self.fatal.append,
             metrics=WorkerMetrics(self.registry),
+            speed=self.speed,
             max_num_seqs=max_num_seqs,
             max_engine_deaths=3,
             on_tokens=self.tokens.extend,

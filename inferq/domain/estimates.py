@@ -1,0 +1,209 @@
+"""When a batch will end, and what it will cost in tokens: plain data and the arithmetic.
+
+The GPU workers measure their engines (`EngineSpeed`, kept in Postgres); a batch's row says
+how much work it holds and how much is done (`BatchWork`). A batch ends when the work
+queued before it and its own remaining work have run at the rate its model's workers
+have to spare:
+
+- Work is counted in the tokens the engine makes: output tokens for generation, prompt
+  tokens for embeddings. A line's output is not known until it ends; it is expected at
+  the share of `max_tokens` that lines generate (`output_fraction`): first as the model's
+  workers measured it on everything they ran, then, as the batch's own lines end, as
+  they generated (all theirs once 5% of the lines have ended).
+- The work before it: every in-progress batch of the model created before it (batch lines
+  leave Redis first in, first out, whatever their priority; priority only orders what the
+  engine already holds), and single jobs, which always go first: their rate over the last
+  minute is taken from the rate the batch gets.
+- The rate: the sum of the model's workers' measured rates (a worker reports every few
+  seconds; one silent for `LIVE_S` is gone). With none live (scaled to zero, or not yet
+  started) the newest measurement stands for the one worker that will take the work.
+
+The interval says how wrong the estimate may be: every remaining line running to its
+`max_tokens` is the latest (a bound on the tokens, not on the rate); the earliest is the
+expected time less `EARLY_SHARE` of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+# A worker that has not reported for this long is not counted (it reports every 15 s).
+LIVE_S = 60
+# Until this share of a batch's lines have ended, its expected output leans on what the
+# model's workers measured; from then on, on what its own lines generated.
+OWN_SHARE = 0.05
+# The model's workers have measured nothing yet: every line is expected to run to its
+# `max_tokens` (the cost's upper bound, so the estimate errs late, not early).
+UNMEASURED_FRACTION = 1.0
+# Single jobs never take more than this share of the rate from a batch in an estimate:
+# however busy the interactive side, batch lines get the slots the engine keeps for them.
+MAX_INTERACTIVE_SHARE = 0.9
+EARLY_SHARE = 0.25
+GENERATE = "generate"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineSpeed:
+    """What one GPU worker measured of its engine."""
+
+    worker: str
+    model: str
+    runner: str
+    tokens_per_s: float
+    """Generation: output tokens a second with the engine at least half full. Embeddings:
+    prompt tokens a second while it was busy."""
+    output_fraction: float | None
+    """Of the `max_tokens` of the jobs it finished, the share they generated."""
+    interactive_tokens_per_s: float
+    """What single jobs took of it over the last minute (tokens a second)."""
+    reported_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchWork:
+    """A batch's work, whole and done, as its row counts it."""
+
+    batch_id: str
+    created_at: datetime
+    lines: int
+    ended: int
+    succeeded: int
+    prompt_tokens: int
+    """Of every line."""
+    max_tokens: int
+    """Every line's `max_tokens` (times its `n`), summed."""
+    input_tokens: int
+    """Prompt tokens of the lines that succeeded."""
+    output_tokens: int
+    """Tokens the lines that succeeded generated."""
+
+    @property
+    def remaining_lines(self) -> int:
+        return max(self.lines - self.ended, 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimate:
+    """When a batch is expected to end and the tokens it is expected to cost."""
+
+    completion_at: datetime
+    earliest_at: datetime
+    latest_at: datetime
+    input_tokens: int
+    output_tokens: int
+    """Expected, over all its lines: what ended lines generated, and the rest expected."""
+    output_tokens_max: int
+    """Every line at its `max_tokens`: it cannot cost more."""
+    tokens_per_s: float
+    """The rate it is expected to get."""
+    tokens_ahead: int
+    """Work queued before it (tokens), expected."""
+    made_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = dataclasses.asdict(self)
+        for name in _TIMES:
+            data[name] = data[name].isoformat()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Estimate:
+        values = dict(data)
+        for name in _TIMES:
+            values[name] = datetime.fromisoformat(values[name])
+        return cls(**values)
+
+
+_TIMES = ("completion_at", "earliest_at", "latest_at", "made_at")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpeed:
+    """The rate a model's workers have, from their reports."""
+
+    tokens_per_s: float
+    interactive_tokens_per_s: float
+    output_fraction: float | None
+    workers: int
+
+    @classmethod
+    def of(cls, speeds: Sequence[EngineSpeed], *, now: datetime) -> ModelSpeed | None:
+        """From the reports of a model's workers (one runner); None if there are none."""
+        if not speeds:
+            return None
+        live = [s for s in speeds if now - s.reported_at <= timedelta(seconds=LIVE_S)]
+        counted = live or [max(speeds, key=lambda s: s.reported_at)]
+        fractions = [s.output_fraction for s in counted if s.output_fraction is not None]
+        return cls(
+            tokens_per_s=sum(s.tokens_per_s for s in counted),
+            interactive_tokens_per_s=sum(s.interactive_tokens_per_s for s in live),
+            output_fraction=sum(fractions) / len(fractions) if fractions else None,
+            workers=len(live),
+        )
+
+    @property
+    def batch_tokens_per_s(self) -> float:
+        """What batch lines get: the rate less what single jobs take."""
+        interactive = min(self.interactive_tokens_per_s, MAX_INTERACTIVE_SHARE * self.tokens_per_s)
+        return self.tokens_per_s - interactive
+
+
+def estimate(
+    work: BatchWork,
+    *,
+    ahead: Sequence[BatchWork],
+    speed: ModelSpeed | None,
+    runner: str,
+    now: datetime,
+) -> Estimate | None:
+    """When `work` ends, with the batches in `ahead` run first at `speed`; None while the
+    model's workers have measured nothing (no worker has ever run it)."""
+    if speed is None or speed.tokens_per_s <= 0:
+        return None
+    generate = runner == GENERATE
+    fraction = speed.output_fraction if speed.output_fraction is not None else UNMEASURED_FRACTION
+
+    def left(batch: BatchWork) -> float:
+        """The work a batch still holds, in the tokens the engine makes."""
+        if not generate:
+            return batch.prompt_tokens * batch.remaining_lines / max(batch.lines, 1)
+        return _remaining_max_tokens(batch) * _fraction(batch, model_fraction=fraction)
+
+    tokens_ahead = sum(left(batch) for batch in ahead)
+    own = left(work)
+    rate = speed.batch_tokens_per_s
+    expected_s = (tokens_ahead + own) / rate
+    worst_own = _remaining_max_tokens(work) if generate else own
+    latest_s = (tokens_ahead + worst_own) / rate
+    expected_output = work.output_tokens + (round(own) if generate else 0)
+    return Estimate(
+        completion_at=now + timedelta(seconds=expected_s),
+        earliest_at=now + timedelta(seconds=expected_s * (1 - EARLY_SHARE)),
+        latest_at=now + timedelta(seconds=max(latest_s, expected_s)),
+        input_tokens=work.prompt_tokens,
+        output_tokens=expected_output,
+        output_tokens_max=work.output_tokens + round(_remaining_max_tokens(work))
+        if generate
+        else 0,
+        tokens_per_s=rate,
+        tokens_ahead=round(tokens_ahead),
+        made_at=now,
+    )
+
+
+def _remaining_max_tokens(batch: BatchWork) -> float:
+    return batch.max_tokens * batch.remaining_lines / max(batch.lines, 1)
+
+
+def _fraction(batch: BatchWork, *, model_fraction: float) -> float:
+    """The share of `max_tokens` the batch's remaining lines are expected to generate:
+    the model's, moving to the batch's own as its lines succeed."""
+    if batch.succeeded == 0 or batch.max_tokens == 0:
+        return model_fraction
+    own = batch.output_tokens / (batch.max_tokens * batch.succeeded / batch.lines)
+    weight = min(1.0, batch.succeeded / max(OWN_SHARE * batch.lines, 1))
+    return weight * min(own, 1.0) + (1 - weight) * model_fraction

@@ -1,0 +1,81 @@
+"""Batch estimates made and kept up to date: when a batch is created (the API), before one
+is (`POST /v1/batch-estimates`), and every maintenance pass while batches run (the
+housekeeper). The arithmetic is `inferq.domain.estimates`."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from datetime import datetime
+
+from inferq.domain.estimates import BatchWork, Estimate, ModelSpeed, estimate
+from inferq.domain.served_models import ServedModel
+from inferq.store.base import utcnow
+from inferq.store.batch_work import BatchWorkStore, ModelWork
+from inferq.store.engine_speeds import SpeedStore
+from inferq.wire.model_catalog import ModelSource
+
+# The rows of workers silent this long go (the newest of each model stays).
+FORGET_WORKERS_AFTER_S = 7 * 86400
+
+
+class BatchEstimates:
+    def __init__(
+        self,
+        *,
+        work: BatchWorkStore,
+        speeds: SpeedStore,
+        models: ModelSource,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self._work = work
+        self._speeds = speeds
+        self._models = models
+        self._clock = clock
+
+    def refresh(self, *, only: str | None = None) -> dict[str, Estimate | None]:
+        """Estimate the batches in progress again (or just `only`) and keep what comes
+        out with them; returns it."""
+        running = self._work.in_progress()
+        served = {model.name: model for model in self._models.all()}
+        by_base: defaultdict[str, list[BatchWork]] = defaultdict(list)
+        for item in running:
+            if (model := _served(item, served)) is not None:
+                by_base[model.base].append(item.work)
+        now = self._clock()
+        made: dict[str, Estimate | None] = {}
+        for base, works in by_base.items():
+            if only is not None and only not in {w.batch_id for w in works}:
+                continue
+            speed = ModelSpeed.of(self._speeds.of_model(base), now=now)
+            runner = served[base].runner if base in served else "generate"
+            for place, work in enumerate(works):
+                if only is None or work.batch_id == only:
+                    made[work.batch_id] = estimate(
+                        work, ahead=works[:place], speed=speed, runner=runner, now=now
+                    )
+        self._work.save_estimates(made)
+        return made
+
+    def of_new(self, work: BatchWork, *, model: str) -> Estimate | None:
+        """The estimate of a batch not created yet: after every batch in progress."""
+        served = {served.name: served for served in self._models.all()}
+        info = served.get(model)
+        if info is None:
+            return None
+        ahead = [
+            item.work
+            for item in self._work.in_progress()
+            if (other := _served(item, served)) is not None and other.base == info.base
+        ]
+        now = self._clock()
+        speed = ModelSpeed.of(self._speeds.of_model(info.base), now=now)
+        base = served.get(info.base, info)
+        return estimate(work, ahead=ahead, speed=speed, runner=base.runner, now=now)
+
+    def forget_gone_workers(self) -> int:
+        return self._speeds.forget_gone(after_s=FORGET_WORKERS_AFTER_S)
+
+
+def _served(item: ModelWork, served: dict[str, ServedModel]) -> ServedModel | None:
+    return None if item.model is None else served.get(item.model)

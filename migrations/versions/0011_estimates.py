@@ -1,0 +1,49 @@
+"""Batch estimates: what a batch's lines ask of the engine (summed when it is written), its
+estimate, and the speeds the GPU workers measure of their engines.
+
+Revision ID: 0011
+Revises: 0010
+Create Date: 2026-11-25
+"""
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects.postgresql import JSONB
+
+revision = "0011"
+down_revision = "0010"
+branch_labels = None
+depends_on = None
+
+Json = sa.JSON().with_variant(JSONB(), "postgresql")
+
+
+def upgrade() -> None:
+    op.add_column(
+        "batches",
+        sa.Column("line_prompt_tokens", sa.BigInteger(), server_default="0", nullable=False),
+    )
+    op.add_column(
+        "batches", sa.Column("line_max_tokens", sa.BigInteger(), server_default="0", nullable=False)
+    )
+    op.add_column("batches", sa.Column("estimate", Json, nullable=True))
+    op.create_table(
+        "engine_speeds",
+        sa.Column("worker", sa.Text(), nullable=False),
+        sa.Column("model", sa.Text(), nullable=False),
+        sa.Column("runner", sa.String(16), nullable=False),
+        sa.Column("tokens_per_s", sa.Float(), nullable=False),
+        sa.Column("output_fraction", sa.Float(), nullable=True),
+        sa.Column("interactive_tokens_per_s", sa.Float(), nullable=False),
+        sa.Column("reported_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("worker", name="pk_engine_speeds"),
+    )
+    op.create_index("ix_engine_speeds_model", "engine_speeds", ["model"])
+
+
+def downgrade() -> None:
+    op.drop_index("ix_engine_speeds_model", table_name="engine_speeds")
+    op.drop_table("engine_speeds")
+    op.drop_column("batches", "estimate")
+    op.drop_column("batches", "line_max_tokens")
+    op.drop_column("batches", "line_prompt_tokens")

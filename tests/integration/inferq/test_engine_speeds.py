@@ -1,0 +1,84 @@
+"""The speeds the GPU workers report for batch estimates (inferq/store/engine_speeds.py),
+on Postgres and on SQLite (`inferq run`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from inferq.store.engine import make_engine, make_sessions
+from inferq.store.engine_speeds import SpeedStore
+from inferq.store.migrate import upgrade
+from tests.helpers.clock import Clock
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "postgres":
+        return str(request.getfixturevalue("database_url"))
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    upgrade(url)
+    return url
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def speeds(store_url: str, clock: Clock) -> Iterator[SpeedStore]:
+    engine = make_engine(store_url, pool_size=2)
+    yield SpeedStore(make_sessions(engine), clock=clock)
+    engine.dispose()
+
+
+def report(
+    speeds: SpeedStore,
+    worker: str,
+    *,
+    rate: float | None,
+    fallback: float | None = None,
+    fraction: float | None = 0.5,
+    model: str = "m",
+) -> None:
+    speeds.report(
+        worker=worker,
+        model=model,
+        runner="generate",
+        tokens_per_s=rate,
+        fallback_tokens_per_s=fallback,
+        output_fraction=fraction,
+        interactive_tokens_per_s=3.0,
+    )
+
+
+def test_a_rate_not_measured_this_time_keeps_the_last_one(speeds: SpeedStore, clock: Clock) -> None:
+    report(speeds, "w1", rate=None, fallback=None)
+    assert speeds.of_model("m") == []  # a worker that never worked says nothing
+    report(speeds, "w1", rate=None, fallback=40.0)
+    [first] = speeds.of_model("m")
+    assert first.tokens_per_s == 40.0  # at any load, until measured full
+    report(speeds, "w1", rate=900.0, fraction=0.4)
+    clock.now += timedelta(seconds=5)
+    report(speeds, "w1", rate=None, fallback=40.0, fraction=None)
+    [speed] = speeds.of_model("m")
+    assert (speed.tokens_per_s, speed.output_fraction) == (900.0, 0.4)
+    assert speed.reported_at == clock.now
+    assert speed.interactive_tokens_per_s == 3.0
+
+
+def test_gone_workers_are_forgotten_but_the_newest_of_each_model(
+    speeds: SpeedStore, clock: Clock
+) -> None:
+    report(speeds, "old", rate=100.0)
+    report(speeds, "other-model", rate=100.0, model="n")
+    clock.now += timedelta(seconds=30)
+    report(speeds, "newer", rate=200.0)
+    clock.now += timedelta(days=30)
+    assert speeds.forget_gone(after_s=86400) == 1
+    assert [s.worker for s in speeds.of_model("m")] == ["newer"]
+    assert [s.worker for s in speeds.of_model("n")] == ["other-model"]

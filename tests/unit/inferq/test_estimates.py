@@ -1,0 +1,148 @@
+"""Batch estimates' arithmetic (inferq/domain/estimates.py): what a client is told about
+when its batch ends and what it costs, from the workers' measured speed and the work
+before it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from inferq.domain.estimates import (
+    LIVE_S,
+    BatchWork,
+    EngineSpeed,
+    Estimate,
+    ModelSpeed,
+    estimate,
+)
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def work(
+    batch_id: str = "b",
+    *,
+    lines: int = 100,
+    max_tokens: int = 100,
+    ended: int = 0,
+    output_tokens: int = 0,
+    prompt_tokens: int = 20,
+) -> BatchWork:
+    return BatchWork(
+        batch_id=batch_id,
+        created_at=NOW,
+        lines=lines,
+        ended=ended,
+        succeeded=ended,
+        prompt_tokens=prompt_tokens * lines,
+        max_tokens=max_tokens * lines,
+        input_tokens=prompt_tokens * ended,
+        output_tokens=output_tokens,
+    )
+
+
+def speed(
+    worker: str = "w1",
+    *,
+    tokens_per_s: float = 1000,
+    fraction: float | None = 0.5,
+    interactive: float = 0,
+    age_s: float = 0,
+) -> EngineSpeed:
+    return EngineSpeed(
+        worker=worker,
+        model="m",
+        runner="generate",
+        tokens_per_s=tokens_per_s,
+        output_fraction=fraction,
+        interactive_tokens_per_s=interactive,
+        reported_at=NOW - timedelta(seconds=age_s),
+    )
+
+
+def seconds_to(when: datetime) -> float:
+    return (when - NOW).total_seconds()
+
+
+def made(
+    batch: BatchWork,
+    *speeds: EngineSpeed,
+    ahead: tuple[BatchWork, ...] = (),
+    runner: str = "generate",
+) -> Estimate:
+    result = estimate(
+        batch, ahead=ahead, speed=ModelSpeed.of(speeds, now=NOW), runner=runner, now=NOW
+    )
+    assert result is not None
+    return result
+
+
+def test_a_new_batch_takes_its_expected_output_over_the_measured_rate() -> None:
+    # 100 lines of up to 100 tokens, lines generating half their max_tokens: 5,000 tokens.
+    result = made(work(), speed())
+    assert seconds_to(result.completion_at) == pytest.approx(5.0)
+    assert result.output_tokens == 5000
+    assert result.output_tokens_max == 10_000
+    assert result.input_tokens == 2000
+    # Every line to its max_tokens is the latest; the earliest is a quarter sooner.
+    assert seconds_to(result.latest_at) == pytest.approx(10.0)
+    assert seconds_to(result.earliest_at) == pytest.approx(3.75)
+
+
+def test_the_work_queued_before_it_is_run_first() -> None:
+    before = work("a", lines=200)
+    result = made(work(), speed(), ahead=(before,))
+    assert result.tokens_ahead == 10_000
+    assert seconds_to(result.completion_at) == pytest.approx(15.0)
+
+
+def test_workers_add_up_and_single_jobs_take_their_share() -> None:
+    alone = made(work(), speed("w1"), speed("w2"))
+    assert alone.tokens_per_s == 2000
+    shared = made(work(), speed("w1", interactive=500), speed("w2", interactive=500))
+    assert shared.tokens_per_s == 1000
+    assert seconds_to(shared.completion_at) == pytest.approx(2 * seconds_to(alone.completion_at))
+    # However busy the interactive side, a batch is not estimated to stop.
+    flooded = made(work(), speed(interactive=5000))
+    assert flooded.tokens_per_s == pytest.approx(100)
+
+
+def test_a_gone_worker_is_not_counted_but_stands_in_when_none_is_live() -> None:
+    live_and_gone = made(work(), speed("w1"), speed("w2", age_s=LIVE_S + 1))
+    assert live_and_gone.tokens_per_s == 1000
+    # Scaled to zero: the newest measurement stands for the worker that will take it.
+    gone = made(work(), speed("w1", tokens_per_s=400, age_s=600), speed("w2", age_s=7200))
+    assert gone.tokens_per_s == 400
+
+
+def test_its_own_lines_take_over_from_the_models_fraction_as_they_end() -> None:
+    # The model's lines generate half their max_tokens; this batch's, a tenth.
+    early = made(work(lines=1000, ended=10, output_tokens=100), speed())
+    running = made(work(lines=1000, ended=100, output_tokens=1000), speed())
+    assert 0.1 < early.output_tokens / early.output_tokens_max < 0.5
+    # Past 5% of its lines, the batch's own share alone.
+    assert running.output_tokens == 1000 + round(900 * 100 * 0.1)
+    assert running.output_tokens_max == 1000 + 900 * 100
+    assert seconds_to(running.completion_at) == pytest.approx(9.0)
+
+
+def test_unmeasured_lengths_are_taken_at_their_max_tokens() -> None:
+    result = made(work(), speed(fraction=None))
+    assert result.output_tokens == result.output_tokens_max == 10_000
+
+
+def test_embeddings_are_counted_in_prompt_tokens() -> None:
+    result = made(work(lines=100, prompt_tokens=50, ended=50), speed(), runner="pooling")
+    assert seconds_to(result.completion_at) == pytest.approx(2.5)
+    assert result.output_tokens == result.output_tokens_max == 0
+
+
+def test_no_estimate_before_any_worker_measured_the_model() -> None:
+    assert ModelSpeed.of([], now=NOW) is None
+    assert estimate(work(), ahead=(), speed=None, runner="generate", now=NOW) is None
+
+
+def test_an_estimate_keeps_through_json() -> None:
+    result = made(work(), speed())
+    assert Estimate.from_dict(result.to_dict()) == result

@@ -1,0 +1,130 @@
+"""What this worker's engine does a second, measured as it runs: the rate batch estimates
+count on (inferq/domain/estimates.py), reported with the heartbeat (worker/heartbeat.py).
+
+The engine loop's thread tells it, after every step, how long the loop took since the
+last one and how many sequences the engine held (each makes a token a step), and, for
+each request that ends, its tokens and `max_tokens`. Steps with the engine at least
+`FULL_SHARE` full give the rate a large batch gets: on a GPU a step costs about the same
+at 8 sequences as at 256, so a rate taken at low load would say a batch takes far longer
+than it does. The heartbeat's thread reads it. Counts are kept in buckets of `BUCKET_S`
+over `WINDOW_S`, so memory stays bounded however fast the engine steps.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+WINDOW_S = 300.0
+BUCKET_S = 10.0
+INTERACTIVE_WINDOW_S = 60.0
+FULL_SHARE = 0.5
+# Less than this much time at full load in the window is not a measurement.
+MIN_FULL_S = 5.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeedReading:
+    """The engine's rates over the window (None where it saw nothing to measure)."""
+
+    full_tokens_per_s: float | None
+    """Tokens a second with the engine at least `FULL_SHARE` full (embeddings: prompt
+    tokens a second while busy)."""
+    busy_tokens_per_s: float | None
+    """Tokens a second while it had any work."""
+    output_fraction: float | None
+    interactive_tokens_per_s: float
+
+
+@dataclass
+class _Bucket:
+    start: float
+    full_s: float = 0.0
+    full_tokens: int = 0
+    busy_s: float = 0.0
+    busy_tokens: int = 0
+    completion_tokens: int = 0
+    max_tokens: int = 0
+    interactive_tokens: int = 0
+
+
+class Speedometer:
+    """Thread-safe: the engine loop writes, the heartbeat reads."""
+
+    def __init__(
+        self,
+        *,
+        max_num_seqs: int,
+        pooling: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._full_at = max(1, round(FULL_SHARE * max_num_seqs))
+        self._pooling = pooling
+        self._clock = clock
+        self._buckets: deque[_Bucket] = deque()
+        self._lock = threading.Lock()
+
+    def stepped(self, *, duration_s: float, sequences: int) -> None:
+        """The loop took `duration_s` for a step of `sequences` sequences."""
+        if sequences <= 0:
+            return
+        with self._lock:
+            bucket = self._bucket()
+            bucket.busy_s += duration_s
+            if self._pooling:  # embeddings count their prompts as they end
+                return
+            bucket.busy_tokens += sequences
+            if sequences >= self._full_at:
+                bucket.full_s += duration_s
+                bucket.full_tokens += sequences
+
+    def finished(
+        self, *, prompt_tokens: int, completion_tokens: int, max_tokens: int, interactive: bool
+    ) -> None:
+        """A request ended, having made `completion_tokens` of `max_tokens`."""
+        with self._lock:
+            bucket = self._bucket()
+            if self._pooling:
+                bucket.busy_tokens += prompt_tokens
+                return
+            bucket.completion_tokens += completion_tokens
+            bucket.max_tokens += max_tokens
+            if interactive:
+                bucket.interactive_tokens += completion_tokens
+
+    def reading(self) -> SpeedReading:
+        now = self._clock()
+        with self._lock:
+            self._forget(now)
+            buckets = list(self._buckets)
+        full_s = sum(b.full_s for b in buckets)
+        busy_s = sum(b.busy_s for b in buckets)
+        max_tokens = sum(b.max_tokens for b in buckets)
+        recent = [b for b in buckets if b.start >= now - INTERACTIVE_WINDOW_S - BUCKET_S]
+        if self._pooling:
+            full = sum(b.busy_tokens for b in buckets) / busy_s if busy_s >= MIN_FULL_S else None
+        else:
+            full = sum(b.full_tokens for b in buckets) / full_s if full_s >= MIN_FULL_S else None
+        return SpeedReading(
+            full_tokens_per_s=full,
+            busy_tokens_per_s=sum(b.busy_tokens for b in buckets) / busy_s if busy_s else None,
+            output_fraction=sum(b.completion_tokens for b in buckets) / max_tokens
+            if max_tokens
+            else None,
+            interactive_tokens_per_s=sum(b.interactive_tokens for b in recent)
+            / INTERACTIVE_WINDOW_S,
+        )
+
+    def _bucket(self) -> _Bucket:
+        now = self._clock()
+        if not self._buckets or now - self._buckets[-1].start >= BUCKET_S:
+            self._buckets.append(_Bucket(start=now))
+            self._forget(now)
+        return self._buckets[-1]
+
+    def _forget(self, now: float) -> None:
+        while self._buckets and self._buckets[0].start < now - WINDOW_S:
+            self._buckets.popleft()

@@ -19,7 +19,7 @@ from sse_starlette import ServerSentEvent
 from api.streams import DONE, Followed, holds_output
 from api.token_follower import Ended, OutputRestarted
 from inferq.domain.jobs import Job, JobStatus
-from inferq.wire.responses import (
+from inferq.wire.response_objects import (
     ResponseState,
     function_call_item,
     message_item,

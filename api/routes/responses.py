@@ -25,14 +25,13 @@ from inferq.constants import JOB_ID_HEADER
 from inferq.domain.jobs import Job, JobSpec
 from inferq.exceptions import NotFound
 from inferq.wire.model_catalog import CatalogModel
+from inferq.wire.response_bodies import ResponsesBody
+from inferq.wire.response_objects import ResponseState, response_object
 from inferq.wire.responses import (
-    ResponsesBody,
-    ResponseState,
     check_previous,
     finish_response,
     prepare_response,
     response_job_id,
-    response_object,
     stored_response,
 )
 

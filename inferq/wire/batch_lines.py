@@ -35,7 +35,8 @@ from inferq.wire.embeddings import (
 )
 from inferq.wire.model_catalog import ModelCatalog
 from inferq.wire.openai_bodies import ChatBody, CompletionBody, prepare_body
-from inferq.wire.responses import ResponsesBody, finish_response, prepare_response
+from inferq.wire.response_bodies import ResponsesBody
+from inferq.wire.responses import finish_response, prepare_response
 from inferq.wire.validation import JobValidator, PreparedRequest, check_storable
 
 CHUNK_LINES = 256

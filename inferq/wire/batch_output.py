@@ -9,7 +9,7 @@ from typing import Any
 from inferq.domain.batches import CHAT_ENDPOINT, EMBEDDINGS_ENDPOINT, RESPONSES_ENDPOINT, ResultRow
 from inferq.wire.embeddings import embedding_body
 from inferq.wire.openai_format import completion_body
-from inferq.wire.responses import ResponseState, response_object
+from inferq.wire.response_objects import ResponseState, response_object
 
 
 def output_line(row: ResultRow, *, endpoint: str) -> dict[str, Any]:

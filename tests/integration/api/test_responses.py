@@ -33,7 +33,10 @@ FORCE_WEATHER: Any = {"type": "function", "name": "get_weather"}
 
 
 def validated(body: dict[str, Any]) -> Response:
-    """`body` checked against the `openai` client's `Response` type, every field."""
+    """`body` checked against the `openai` client's `Response` type, every field: each one
+    the type has is there (optional ones too), and each has its type's shape."""
+    missing = set(Response.model_fields) - set(body)
+    assert not missing, f"fields of openai's Response missing: {sorted(missing)}"
     return Response.model_validate(body, strict=False)
 
 

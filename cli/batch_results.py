@@ -3,10 +3,13 @@ the last call (`append_partial`), or as they end, followed live (`follow_to`).""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
@@ -60,10 +63,16 @@ def follow_to(client: Client, batch_id: str, output: Path) -> None:
             failed=state.failed,
             rate=0.0,
         )
-        while (ended := _follow_events(client, batch_id, state, results, errors)) is None:
+
+        def tick() -> None:
+            state.save(results, errors, only_if_changed=True)
             progress.update(task, completed=state.lines, failed=state.failed)
-            time.sleep(RECONNECT_S)
-        progress.update(task, completed=state.lines, failed=state.failed)
+
+        # Saved and shown every half second from a thread of its own, so that lines that
+        # came in a burst are in the files (and on the bar) while the stream is quiet.
+        with _every(SAVE_EVERY_S, tick):
+            while (ended := _follow_events(client, batch_id, state, results, errors)) is None:
+                time.sleep(RECONNECT_S)
     finish(client, ended, None)
     typer.echo(f"wrote {output} and {state.errors}", err=True)
 
@@ -72,6 +81,26 @@ def follow_to(client: Client, batch_id: str, output: Path) -> None:
 # row that brought nothing.
 RECONNECT_S = 1.0
 RECONNECT_TRIES = 30
+SAVE_EVERY_S = 0.5
+
+
+@contextlib.contextmanager
+def _every(interval_s: float, call: Callable[[], None]) -> Iterator[None]:
+    """`call` every `interval_s` in a thread while the block runs, and once after it."""
+    done = threading.Event()
+
+    def run() -> None:
+        while not done.wait(interval_s):
+            call()
+
+    thread = threading.Thread(target=run, name="follow-saver", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        call()
 
 
 class _FollowState:
@@ -88,6 +117,9 @@ class _FollowState:
         self.failed = 0
         self.sizes = (0, 0)
         self.tries = 0
+        # Held while a line is written and while the files are saved.
+        self.lock = threading.Lock()
+        self.changed = False
 
     @classmethod
     def resume(cls, output: Path) -> _FollowState:
@@ -105,7 +137,16 @@ class _FollowState:
                 file.truncate(size)
         return state
 
-    def save(self, results: IO[bytes], errors: IO[bytes]) -> None:
+    def save(self, results: IO[bytes], errors: IO[bytes], *, only_if_changed: bool = False) -> None:
+        """Flush the files and record the place (under `lock`: the follow and the saver's
+        thread both call it)."""
+        with self.lock:
+            if only_if_changed and not self.changed:
+                return
+            self._save(results, errors)
+            self.changed = False
+
+    def _save(self, results: IO[bytes], errors: IO[bytes]) -> None:
         results.flush()
         errors.flush()
         self.sizes = (results.tell(), errors.tell())
@@ -126,7 +167,6 @@ def _follow_events(
 ) -> dict[str, Any] | None:
     """Write the lines the API sends from the cursor on; the batch once it has ended, or
     None if the connection was lost (try again)."""
-    saved_at = time.monotonic()
     try:
         with client.events(
             f"/v1/batches/{batch_id}/output",
@@ -142,14 +182,13 @@ def _follow_events(
                 if event.event != "line":
                     continue
                 failed = json.loads(event.data)["error"] is not None
-                (errors if failed else results).write(event.data.encode() + b"\n")
-                state.cursor = int(event.id)
-                state.lines += 1
-                state.failed += failed
-                state.tries = 0
-                if time.monotonic() - saved_at > 0.5:
-                    state.save(results, errors)
-                    saved_at = time.monotonic()
+                with state.lock:
+                    (errors if failed else results).write(event.data.encode() + b"\n")
+                    state.cursor = int(event.id)
+                    state.lines += 1
+                    state.failed += failed
+                    state.tries = 0
+                    state.changed = True
     except ApiError as exc:
         if exc.status is not None or state.tries >= RECONNECT_TRIES:
             raise

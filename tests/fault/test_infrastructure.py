@@ -42,7 +42,10 @@ def test_a_postgres_restart_mid_write_loses_nothing_and_fails_nothing(
 ) -> None:
     deployed = deployment(database_url=own_postgres.url("inferq"))
     worker = deployed.start_worker("gpu-a")
-    ids = deployed.submit(_bodies(150, 200))
+    # Frozen while the jobs are submitted: on a loaded machine submitting 150 jobs can take
+    # longer than running them, and none would be left running to catch.
+    with worker.frozen():
+        ids = deployed.submit(_bodies(150, 200))
     deployed.wait_done_and_running(ids, 30)
     # Postgres stops while the worker (and its engine) is frozen holding running jobs: they
     # are still to be written when it goes on, however fast the tiny model runs here.

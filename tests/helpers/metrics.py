@@ -50,3 +50,13 @@ def engine_settled(worker: Delta) -> bool:
     by the worker's own count: it finished, failed or was aborted there."""
     worker.rescrape()
     return worker.total("inferq_jobs_finished_total") >= worker("inferq_jobs_admitted_total")
+
+
+def worker_idle(url: str) -> bool:
+    """The GPU worker holds no job and its engine runs nothing: what an earlier test left
+    it (a cancel it had yet to hear of while frozen, say) is done with."""
+    samples = scrape(url)
+    return (
+        value(samples, "inferq_jobs_held") == 0
+        and value(samples, "inferq_sequences_in_flight") == 0
+    )

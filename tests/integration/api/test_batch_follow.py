@@ -17,8 +17,14 @@ import pytest
 from httpx_sse import ServerSentEvent, connect_sse
 
 from tests.conftest import ADMIN_KEY, Stack
+from tests.helpers.metrics import worker_idle
 from tests.helpers.waiting import wait_until
-from tests.integration.api.test_batch_output import QUICK, SLOW, running_batch
+from tests.integration.api.test_batch_output import (
+    QUICK,
+    SLOW,
+    quick_lines_ended,
+    running_batch,
+)
 from tests.integration.api.test_batches import client_for, wait_for
 
 pytestmark = pytest.mark.engine
@@ -55,12 +61,14 @@ def test_a_followed_batch_sends_every_line_once_in_order_across_a_reconnect(
 ) -> None:
     client = client_for(stack)
     batch_id = running_batch(stack)
-    # The quick lines come while the slow ones still run: then the connection drops.
-    first = follow(stack, batch_id, last_event_id=None, stop_after=QUICK)
-    assert [e.id for e in first] == [str(n) for n in range(1, QUICK + 1)]
-    # Cancelled with the worker (and its engine) frozen: however quick the machine, the
-    # slow lines are still running when it lands.
+    with stack.client() as http:
+        quick_lines_ended(http, batch_id)
+    # The worker (and its engine) frozen from the quick lines' end to the cancel: however
+    # quick the machine, or slow the client, the slow lines are still running then.
     with stack.worker.frozen():
+        # The quick lines come while the slow ones still run: then the connection drops.
+        first = follow(stack, batch_id, last_event_id=None, stop_after=QUICK)
+        assert [e.id for e in first] == [str(n) for n in range(1, QUICK + 1)]
         assert client.batches.retrieve(batch_id).status == "in_progress"
         client.batches.cancel(batch_id)
     rest = follow(stack, batch_id, last_event_id=int(first[-1].id), stop_after=None)
@@ -88,6 +96,8 @@ def test_a_followed_batch_sends_every_line_once_in_order_across_a_reconnect(
     # Following an ended batch from its last line sends only the end.
     [again] = follow(stack, batch_id, last_event_id=QUICK + SLOW, stop_after=None)
     assert again.event == "end"
+    # The worker, frozen when the cancel came, is done with it before the next test.
+    wait_until(lambda: worker_idle(stack.worker.metrics_url), timeout_s=60, what="idle")
 
 
 def test_follow_writes_the_files_as_they_grow_and_goes_on_after_a_kill(
@@ -105,17 +115,19 @@ def test_follow_writes_the_files_as_they_grow_and_goes_on_after_a_kill(
         saved: dict[str, Any] = json.loads(state.read_text()) if state.exists() else {}
         return int(saved.get("lines", 0))
 
-    # Killed once the quick lines are in: nothing of the run is cleaned up.
-    running = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
-    try:
-        wait_until(lambda: lines_written() >= QUICK, timeout_s=120, what="the quick lines")
-    finally:
-        running.send_signal(signal.SIGKILL)
-        running.wait(timeout=30)
-    assert len(out.read_text().splitlines()) >= QUICK
-
-    # Cancelled with the worker frozen, so some slow lines are cancelled (an error file).
+    with stack.client() as http:
+        quick_lines_ended(http, batch_id)
+    # The worker frozen from the quick lines' end to the cancel, so slow lines are still
+    # running (and are cancelled: an error file), however slowly the follower starts.
     with stack.worker.frozen():
+        # Killed once the quick lines are in: nothing of the run is cleaned up.
+        running = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
+        try:
+            wait_until(lambda: lines_written() >= QUICK, timeout_s=120, what="the quick lines")
+        finally:
+            running.send_signal(signal.SIGKILL)
+            running.wait(timeout=30)
+        assert len(out.read_text().splitlines()) >= QUICK
         assert client.batches.retrieve(batch_id).status == "in_progress"
         client.batches.cancel(batch_id)
     batch = wait_for(client, batch_id)
@@ -137,3 +149,4 @@ def test_follow_writes_the_files_as_they_grow_and_goes_on_after_a_kill(
     )
     assert again.returncode == 0, again.stderr
     assert out.read_bytes() == client.files.content(batch.output_file_id).content
+    wait_until(lambda: worker_idle(stack.worker.metrics_url), timeout_s=60, what="idle")

@@ -16,7 +16,7 @@ from sqlalchemy import select
 from inferq.store.models import JobRow
 from tests.conftest import ADMIN_KEY, Stack
 from tests.helpers.broker import Broker
-from tests.helpers.metrics import Delta, engine_settled
+from tests.helpers.metrics import Delta, engine_settled, worker_idle
 from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.engine
@@ -265,6 +265,8 @@ def test_thousands_of_lines_complete_with_counts_that_add_up(stack: Stack) -> No
 
 def test_cancel_keeps_finished_lines_and_never_runs_the_rest(stack: Stack, broker: Broker) -> None:
     client = client_for(stack)
+    # Counted from an idle worker: what entered its engine from here on is this test's.
+    wait_until(lambda: worker_idle(stack.worker.metrics_url), timeout_s=60, what="idle")
     engine = Delta(stack.worker.metrics_url)
     # Three short lines, then long ones: once the short ones are done the engine is full of
     # long lines, a few more wait for it, and the rest are still in Redis. The long lines

@@ -28,7 +28,7 @@ import shutil
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -119,32 +119,8 @@ def inferq_env(args: dict[str, Any]) -> dict[str, str]:
 def inferq(model: Path, workdir: Path, **extra: str) -> Iterator[str]:
     """API, GPU worker, delivery/maintenance worker and beat on a database of their own;
     the API's URL."""
-    with deployment(model, workdir, **extra) as (base_url, _):
-        yield base_url
-
-
-@contextmanager
-def deployment(model: Path, workdir: Path, **extra: str) -> Iterator[tuple[str, dict[str, str]]]:
-    """As `inferq`; the API's URL and the processes' environment (database, key prefix)."""
-    with ExitStack() as cleanup:
-        url = cleanup.enter_context(stack.database())
-        prefix = cleanup.enter_context(stack.key_prefix())
-        env = stack.service_env(model=model, database_url=url, prefix=prefix, **extra)
-        _, base_url = cleanup.enter_context(stack.api(env, workdir))
-        worker_env = {**env, "INFERQ_WORKER_METRICS_PORT": str(stack.free_port())}
-        worker = stack.Process(
-            ["worker", "--name", "bench@host"], env=worker_env, log=workdir / "worker.log"
-        )
-        cleanup.callback(worker.stop)
-        service = stack.Process(
-            ["webhooks", "--name", "service@host"], env=env, log=workdir / "service.log"
-        )
-        cleanup.callback(service.stop)
-        beat = stack.Process(["beat"], env=env, log=workdir / "beat.log")
-        cleanup.callback(beat.stop)
-        worker.wait_for(" ready.", timeout_s=600)
-        service.wait_for(" ready.", timeout_s=120)
-        yield base_url, env
+    with stack.deployment(model, workdir, **extra) as running:
+        yield running.url
 
 
 def run_inferq_batch(

@@ -29,8 +29,8 @@ import psycopg
 import redis
 
 from bench import drive, stack, workload
-from bench.compare import deployment
 from bench.peers import SERVED
+from bench.stack import deployment
 from inferq.constants import RETENTION_PASSES_KEY
 
 # Jobs run before the first latency sample, so that it reads a table with rows in it.
@@ -168,7 +168,8 @@ def main() -> None:
         INFERQ_MAX_BATCH_SIZE="256",
         INFERQ_JOB_RETENTION_S=str(args.retention_s),
         INFERQ_MAINTENANCE_INTERVAL_S="5",
-    ) as (url, env):
+    ) as running:
+        url, env = running.url, running.env
         client = openai.OpenAI(base_url=url + "/v1", api_key=stack.ADMIN_KEY, timeout=600)
         probe = workload.write_batch_file(
             [workload.Request(f"b{i}", f"item {i}", 1) for i in range(100)],

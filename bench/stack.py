@@ -11,7 +11,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -142,3 +143,38 @@ def api(env: Mapping[str, str], log_dir: Path) -> Iterator[tuple[Process, str]]:
         yield process, url
     finally:
         process.stop()
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A running deployment: the API's URL, the processes' environment (database, key
+    prefix), and the API and GPU worker processes (for their CPU, say)."""
+
+    url: str
+    env: dict[str, str]
+    api: Process
+    worker: Process
+
+
+@contextmanager
+def deployment(model: Path, workdir: Path, **extra: str) -> Iterator[Deployment]:
+    """API, GPU worker, delivery/maintenance worker and beat on a database of their own."""
+    with ExitStack() as cleanup:
+        url = cleanup.enter_context(database())
+        prefix = cleanup.enter_context(key_prefix())
+        env = service_env(model=model, database_url=url, prefix=prefix, **extra)
+        api_process, base_url = cleanup.enter_context(api(env, workdir))
+        worker_env = {**env, "INFERQ_WORKER_METRICS_PORT": str(free_port())}
+        worker = Process(
+            ["worker", "--name", "bench@host"], env=worker_env, log=workdir / "worker.log"
+        )
+        cleanup.callback(worker.stop)
+        service = Process(
+            ["webhooks", "--name", "service@host"], env=env, log=workdir / "service.log"
+        )
+        cleanup.callback(service.stop)
+        beat = Process(["beat"], env=env, log=workdir / "beat.log")
+        cleanup.callback(beat.stop)
+        worker.wait_for(" ready.", timeout_s=600)
+        service.wait_for(" ready.", timeout_s=120)
+        yield Deployment(url=base_url, env=env, api=api_process, worker=worker)

@@ -18,7 +18,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-WINDOW_S = 300.0
+# Long enough to even out waves of lines; short enough to follow a change in load.
+WINDOW_S = 120.0
 BUCKET_S = 10.0
 INTERACTIVE_WINDOW_S = 60.0
 FULL_SHARE = 0.5

@@ -17,10 +17,15 @@ have to spare:
 - The rate: the sum of the model's workers' measured rates (a worker reports every few
   seconds; one silent for `LIVE_S` is gone). With none live (scaled to zero, or not yet
   started) the newest measurement stands for the one worker that will take the work.
+- Once the batch runs, its own pace: the work it did from one estimate to the next
+  (smoothed, `PACE_WEIGHT`) stands for its remaining work, the work before it being
+  done. It holds what the workers' rate cannot know: what else shares the engine and
+  the host's cores, and lines longer or shorter than the model's.
 
-The interval says how wrong the estimate may be: every remaining line running to its
-`max_tokens` is the latest (a bound on the tokens, not on the rate); the earliest is the
-expected time less `EARLY_SHARE` of it.
+The interval says how wrong the estimate may be: the rate may be off by `RATE_SHARE`
+either way (the earliest is the expected time less that share of it), and the lines may
+run to their `max_tokens` (the latest is the later of the expected time plus that share
+and every remaining line at its `max_tokens`).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-# A worker that has not reported for this long is not counted (it reports every 15 s).
+# A worker that has not reported for this long is not counted (it reports every 5 s).
 LIVE_S = 60
 # Until this share of a batch's lines have ended, its expected output leans on what the
 # model's workers measured; from then on, on what its own lines generated.
@@ -42,7 +47,10 @@ UNMEASURED_FRACTION = 1.0
 # Single jobs never take more than this share of the rate from a batch in an estimate:
 # however busy the interactive side, batch lines get the slots the engine keeps for them.
 MAX_INTERACTIVE_SHARE = 0.9
-EARLY_SHARE = 0.25
+RATE_SHARE = 0.25
+# How much the newest interval counts in a running batch's pace (the rest: the pace
+# before it), so the pace follows a change in load within a few passes.
+PACE_WEIGHT = 0.5
 GENERATE = "generate"
 
 
@@ -103,6 +111,10 @@ class Estimate:
     tokens_ahead: int
     """Work queued before it (tokens), expected."""
     made_at: datetime
+    done_tokens: int = 0
+    """The work it had done then (its `output_tokens`; embeddings: `input_tokens`)."""
+    pace_tokens_per_s: float | None = None
+    """Its own pace, once seen running at two estimates."""
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = dataclasses.asdict(self)
@@ -159,40 +171,71 @@ def estimate(
     speed: ModelSpeed | None,
     runner: str,
     now: datetime,
+    previous: Estimate | None = None,
 ) -> Estimate | None:
-    """When `work` ends, with the batches in `ahead` run first at `speed`; None while the
-    model's workers have measured nothing (no worker has ever run it)."""
-    if speed is None or speed.tokens_per_s <= 0:
-        return None
+    """When `work` ends, with the batches in `ahead` run first at `speed`, or, once it runs,
+    at the pace it has kept since its `previous` estimates; None while nothing has been
+    measured (no worker has ever run its model)."""
     generate = runner == GENERATE
-    fraction = speed.output_fraction if speed.output_fraction is not None else UNMEASURED_FRACTION
+    done = work.output_tokens if generate else work.input_tokens
+    pace = _pace(previous, done=done, now=now)
+    if pace is None and (speed is None or speed.batch_tokens_per_s <= 0):
+        return None
+    model_fraction = UNMEASURED_FRACTION
+    if speed is not None and speed.output_fraction is not None:
+        model_fraction = speed.output_fraction
 
     def left(batch: BatchWork) -> float:
         """The work a batch still holds, in the tokens the engine makes."""
         if not generate:
             return batch.prompt_tokens * batch.remaining_lines / max(batch.lines, 1)
-        return _remaining_max_tokens(batch) * _fraction(batch, model_fraction=fraction)
+        return _remaining_max_tokens(batch) * _fraction(batch, model_fraction=model_fraction)
 
     tokens_ahead = sum(left(batch) for batch in ahead)
     own = left(work)
-    rate = speed.batch_tokens_per_s
-    expected_s = (tokens_ahead + own) / rate
     worst_own = _remaining_max_tokens(work) if generate else own
-    latest_s = (tokens_ahead + worst_own) / rate
-    expected_output = work.output_tokens + (round(own) if generate else 0)
+    if pace is not None and pace.tokens_per_s > 0:
+        # Running: its own pace holds whatever shares the engine with it.
+        rate, before = pace.tokens_per_s, 0.0
+    else:
+        assert speed is not None
+        rate, before = speed.batch_tokens_per_s, tokens_ahead
+    expected_s = (before + own) / rate
+    latest_s = (before + worst_own) / rate
     return Estimate(
         completion_at=now + timedelta(seconds=expected_s),
-        earliest_at=now + timedelta(seconds=expected_s * (1 - EARLY_SHARE)),
-        latest_at=now + timedelta(seconds=max(latest_s, expected_s)),
+        earliest_at=now + timedelta(seconds=expected_s * (1 - RATE_SHARE)),
+        latest_at=now + timedelta(seconds=max(latest_s, expected_s * (1 + RATE_SHARE))),
         input_tokens=work.prompt_tokens,
-        output_tokens=expected_output,
+        output_tokens=work.output_tokens + (round(own) if generate else 0),
         output_tokens_max=work.output_tokens + round(_remaining_max_tokens(work))
         if generate
         else 0,
         tokens_per_s=rate,
         tokens_ahead=round(tokens_ahead),
         made_at=now,
+        done_tokens=done,
+        pace_tokens_per_s=None if pace is None else pace.tokens_per_s,
     )
+
+
+@dataclass(frozen=True)
+class _Pace:
+    tokens_per_s: float
+
+
+def _pace(previous: Estimate | None, *, done: int, now: datetime) -> _Pace | None:
+    """The batch's own pace (tokens a second) from one estimate to the next, smoothed;
+    None until it has been seen running at two of them."""
+    if previous is None or previous.done_tokens <= 0:  # not yet running then
+        return None
+    seconds = (now - previous.made_at).total_seconds()
+    if seconds <= 0:
+        return None if previous.pace_tokens_per_s is None else _Pace(previous.pace_tokens_per_s)
+    latest = max(done - previous.done_tokens, 0) / seconds
+    if previous.pace_tokens_per_s is None:
+        return _Pace(latest)
+    return _Pace(PACE_WEIGHT * latest + (1 - PACE_WEIGHT) * previous.pace_tokens_per_s)
 
 
 def _remaining_max_tokens(batch: BatchWork) -> float:

@@ -38,21 +38,27 @@ class BatchEstimates:
         out with them; returns it."""
         running = self._work.in_progress()
         served = {model.name: model for model in self._models.all()}
-        by_base: defaultdict[str, list[BatchWork]] = defaultdict(list)
+        by_base: defaultdict[str, list[ModelWork]] = defaultdict(list)
         for item in running:
             if (model := _served(item, served)) is not None:
-                by_base[model.base].append(item.work)
+                by_base[model.base].append(item)
         now = self._clock()
         made: dict[str, Estimate | None] = {}
-        for base, works in by_base.items():
-            if only is not None and only not in {w.batch_id for w in works}:
+        for base, items in by_base.items():
+            if only is not None and only not in {i.work.batch_id for i in items}:
                 continue
             speed = ModelSpeed.of(self._speeds.of_model(base), now=now)
             runner = served[base].runner if base in served else "generate"
-            for place, work in enumerate(works):
-                if only is None or work.batch_id == only:
-                    made[work.batch_id] = estimate(
-                        work, ahead=works[:place], speed=speed, runner=runner, now=now
+            works = [item.work for item in items]
+            for place, item in enumerate(items):
+                if only is None or item.work.batch_id == only:
+                    made[item.work.batch_id] = estimate(
+                        item.work,
+                        ahead=works[:place],
+                        speed=speed,
+                        runner=runner,
+                        now=now,
+                        previous=item.estimate,
                     )
         self._work.save_estimates(made)
         return made

@@ -88,6 +88,10 @@ def test_a_new_batch_takes_its_expected_output_over_the_measured_rate() -> None:
     # Every line to its max_tokens is the latest; the earliest is a quarter sooner.
     assert seconds_to(result.latest_at) == pytest.approx(10.0)
     assert seconds_to(result.earliest_at) == pytest.approx(3.75)
+    # Lines known to run to their max_tokens: the rate's quarter either way.
+    known = made(work(), speed(fraction=1.0))
+    assert seconds_to(known.earliest_at) == pytest.approx(7.5)
+    assert seconds_to(known.latest_at) == pytest.approx(12.5)
 
 
 def test_the_work_queued_before_it_is_run_first() -> None:
@@ -146,3 +150,57 @@ def test_no_estimate_before_any_worker_measured_the_model() -> None:
 def test_an_estimate_keeps_through_json() -> None:
     result = made(work(), speed())
     assert Estimate.from_dict(result.to_dict()) == result
+
+
+def test_once_running_its_own_pace_takes_over_from_the_workers_rate() -> None:
+    # The workers say 1,000 tokens/s, but this batch gets 250 (the host's cores are shared).
+    speeds = ModelSpeed.of([speed()], now=NOW)
+    first = estimate(
+        work(lines=1000, ended=100, output_tokens=5000),
+        ahead=(),
+        speed=speeds,
+        runner="generate",
+        now=NOW,
+    )
+    assert first is not None
+    assert first.pace_tokens_per_s is None
+    second = estimate(
+        work(lines=1000, ended=200, output_tokens=10_000),
+        ahead=(work("a"),),
+        speed=speeds,
+        runner="generate",
+        now=NOW + timedelta(seconds=20),
+        previous=first,
+    )
+    assert second is not None
+    assert second.pace_tokens_per_s == pytest.approx(250)
+    # 800 lines of 50 tokens left at its pace; what was ahead of it has run.
+    assert (second.completion_at - second.made_at).total_seconds() == pytest.approx(160)
+    # The pace follows a change, a share at a time.
+    third = estimate(
+        work(lines=1000, ended=400, output_tokens=20_000),
+        ahead=(),
+        speed=speeds,
+        runner="generate",
+        now=NOW + timedelta(seconds=30),
+        previous=second,
+    )
+    assert third is not None
+    assert third.pace_tokens_per_s == pytest.approx((1000 + 250) / 2)
+
+
+def test_a_batch_not_yet_running_keeps_the_workers_rate() -> None:
+    speeds = ModelSpeed.of([speed()], now=NOW)
+    waiting = estimate(work(), ahead=(work("a"),), speed=speeds, runner="generate", now=NOW)
+    again = estimate(
+        work(),
+        ahead=(work("a"),),
+        speed=speeds,
+        runner="generate",
+        now=NOW + timedelta(seconds=15),
+        previous=waiting,
+    )
+    assert again is not None
+    assert again.pace_tokens_per_s is None
+    assert again.tokens_per_s == 1000
+    assert (again.completion_at - again.made_at).total_seconds() == pytest.approx(10)

@@ -23,8 +23,13 @@ WINDOW_S = 120.0
 BUCKET_S = 10.0
 INTERACTIVE_WINDOW_S = 60.0
 FULL_SHARE = 0.5
+# Steps with at most this share of `max_num_seqs` (at least one sequence) give the step
+# time of a batch's last lines.
+LOW_SHARE = 0.1
 # Less than this much time at full load in the window is not a measurement.
 MIN_FULL_S = 5.0
+# Fewer steps than this at low load is not a measurement.
+MIN_LOW_STEPS = 20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +43,8 @@ class SpeedReading:
     """Tokens a second while it had any work."""
     output_fraction: float | None
     interactive_tokens_per_s: float
+    low_step_s: float | None
+    """Seconds a step takes with few sequences in the engine."""
 
 
 @dataclass
@@ -50,6 +57,8 @@ class _Bucket:
     completion_tokens: int = 0
     max_tokens: int = 0
     interactive_tokens: int = 0
+    low_s: float = 0.0
+    low_steps: int = 0
 
 
 class Speedometer:
@@ -63,6 +72,7 @@ class Speedometer:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._full_at = max(1, round(FULL_SHARE * max_num_seqs))
+        self._low_at = max(1, round(LOW_SHARE * max_num_seqs))
         self._pooling = pooling
         self._clock = clock
         self._buckets: deque[_Bucket] = deque()
@@ -78,6 +88,9 @@ class Speedometer:
             if self._pooling:  # embeddings count their prompts as they end
                 return
             bucket.busy_tokens += sequences
+            if sequences <= self._low_at:
+                bucket.low_s += duration_s
+                bucket.low_steps += 1
             if sequences >= self._full_at:
                 bucket.full_s += duration_s
                 bucket.full_tokens += sequences
@@ -117,6 +130,7 @@ class Speedometer:
             else None,
             interactive_tokens_per_s=sum(b.interactive_tokens for b in recent)
             / INTERACTIVE_WINDOW_S,
+            low_step_s=_mean_step(buckets),
         )
 
     def _bucket(self) -> _Bucket:
@@ -129,3 +143,8 @@ class Speedometer:
     def _forget(self, now: float) -> None:
         while self._buckets and self._buckets[0].start < now - WINDOW_S:
             self._buckets.popleft()
+
+
+def _mean_step(buckets: list[_Bucket]) -> float | None:
+    steps = sum(b.low_steps for b in buckets)
+    return sum(b.low_s for b in buckets) / steps if steps >= MIN_LOW_STEPS else None

@@ -17,6 +17,9 @@ have to spare:
 - The rate: the sum of the model's workers' measured rates (a worker reports every few
   seconds; one silent for `LIVE_S` is gone). With none live (scaled to zero, or not yet
   started) the newest measurement stands for the one worker that will take the work.
+- Its last lines: they run with the engine emptying, at a step a token however few of
+  them are left, so the longest line's expected tokens at the step time the workers
+  measured with few sequences in the engine come on top.
 - Once the batch runs, its own pace: the work it did from one estimate to the next
   (smoothed, `PACE_WEIGHT`) stands for its remaining work, the work before it being
   done. It holds what the workers' rate cannot know: what else shares the engine and
@@ -66,6 +69,8 @@ class EngineSpeed:
     prompt tokens a second while it was busy."""
     output_fraction: float | None
     """Of the `max_tokens` of the jobs it finished, the share they generated."""
+    step_s: float | None
+    """How long a step takes with few sequences in the engine."""
     interactive_tokens_per_s: float
     """What single jobs took of it over the last minute (tokens a second)."""
     reported_at: datetime
@@ -84,6 +89,8 @@ class BatchWork:
     """Of every line."""
     max_tokens: int
     """Every line's `max_tokens` (times its `n`), summed."""
+    longest_tokens: int
+    """The largest of them."""
     input_tokens: int
     """Prompt tokens of the lines that succeeded."""
     output_tokens: int
@@ -140,6 +147,7 @@ class ModelSpeed:
     tokens_per_s: float
     interactive_tokens_per_s: float
     output_fraction: float | None
+    step_s: float | None
     workers: int
 
     @classmethod
@@ -150,10 +158,12 @@ class ModelSpeed:
         live = [s for s in speeds if now - s.reported_at <= timedelta(seconds=LIVE_S)]
         counted = live or [max(speeds, key=lambda s: s.reported_at)]
         fractions = [s.output_fraction for s in counted if s.output_fraction is not None]
+        steps = [s.step_s for s in counted if s.step_s is not None]
         return cls(
             tokens_per_s=sum(s.tokens_per_s for s in counted),
             interactive_tokens_per_s=sum(s.interactive_tokens_per_s for s in live),
             output_fraction=sum(fractions) / len(fractions) if fractions else None,
+            step_s=sum(steps) / len(steps) if steps else None,
             workers=len(live),
         )
 
@@ -200,8 +210,15 @@ def estimate(
     else:
         assert speed is not None
         rate, before = speed.batch_tokens_per_s, tokens_ahead
-    expected_s = (before + own) / rate
-    latest_s = (before + worst_own) / rate
+    # Its last lines run with the engine emptying, a step a token however few they are.
+    tail_s = 0.0
+    if generate and work.remaining_lines and speed is not None and speed.step_s is not None:
+        longest = work.longest_tokens * _fraction(work, model_fraction=model_fraction)
+        tail_s = longest * speed.step_s
+    expected_s = (before + own) / rate + tail_s
+    latest_s = (before + worst_own) / rate + work.longest_tokens * (
+        speed.step_s if generate and speed is not None and speed.step_s is not None else 0.0
+    )
     return Estimate(
         completion_at=now + timedelta(seconds=expected_s),
         earliest_at=now + timedelta(seconds=expected_s * (1 - RATE_SHARE)),

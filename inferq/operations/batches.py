@@ -153,7 +153,7 @@ class BatchOperations:
         if source.lines > self._max_lines:
             return FileEstimate(lines=0, model=None, errors=(self._too_many_lines(source),))
         model: str | None = None
-        lines = prompt_tokens = max_tokens = refused = 0
+        lines = prompt_tokens = max_tokens = longest = refused = 0
         errors: list[LineError] = []
         reader = BatchLineReader(self._models, endpoint=endpoint)
         for item in reader.read(self.files.lines(input_file_id)):
@@ -164,7 +164,9 @@ class BatchOperations:
             model = model or item.spec.model
             lines += 1
             prompt_tokens += len(item.spec.prompt_token_ids)
-            max_tokens += max_output_tokens(item.spec.sampling)
+            line_tokens = max_output_tokens(item.spec.sampling)
+            max_tokens += line_tokens
+            longest = max(longest, line_tokens)
         if errors or model is None:
             return FileEstimate(lines=lines, model=model, errors=tuple(errors), refused=refused)
         work = BatchWork(
@@ -175,6 +177,7 @@ class BatchOperations:
             succeeded=0,
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
+            longest_tokens=longest,
             input_tokens=0,
             output_tokens=0,
         )

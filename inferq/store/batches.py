@@ -66,7 +66,7 @@ class BatchStore(BatchEndings):
         batch_id = new_id(BATCH_ID_PREFIX)
         now = self._clock()
         errors: list[LineError] = []
-        refused = written = prompt_tokens = max_tokens = 0
+        refused = written = prompt_tokens = max_tokens = longest = 0
         try:
             with self._transaction() as session:
                 session.execute(insert(BatchRow).values(**_batch_row(session, new, batch_id, now)))
@@ -79,7 +79,9 @@ class BatchStore(BatchEndings):
                         rows.append(_line_row(item, batch_id, new, now, requeue_after_s))
                         written += 1
                         prompt_tokens += len(item.spec.prompt_token_ids)
-                        max_tokens += max_output_tokens(item.spec.sampling)
+                        line_tokens = max_output_tokens(item.spec.sampling)
+                        max_tokens += line_tokens
+                        longest = max(longest, line_tokens)
                         rows = _flush(session, rows, at=INSERT_EVERY)
                 if errors:
                     raise _LinesRefused
@@ -89,6 +91,7 @@ class BatchStore(BatchEndings):
                 row.status, row.in_progress_at = BatchStatus.IN_PROGRESS.value, self._clock()
                 row.request_total = written
                 row.line_prompt_tokens, row.line_max_tokens = prompt_tokens, max_tokens
+                row.line_longest_tokens = longest
                 batch = batch_from_row(row)
                 _remember(session, new, batch, respond)
                 return batch

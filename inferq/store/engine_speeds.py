@@ -22,11 +22,12 @@ class SpeedStore(Store):
         runner: str,
         tokens_per_s: float | None,
         fallback_tokens_per_s: float | None,
+        step_s: float | None,
         output_fraction: float | None,
         interactive_tokens_per_s: float,
     ) -> None:
-        """Record what `worker` measured. A rate it could not measure this time (None:
-        its engine was not full long enough) keeps the one it last reported, or, if it
+        """Record what `worker` measured. What it could not measure this time (None: its
+        engine was not full long enough, say) keeps the one it last reported, or, if it
         never did, takes `fallback_tokens_per_s` (its rate at any load, which errs slow);
         with neither, a worker that has never worked records nothing."""
         now = self._clock()
@@ -41,6 +42,8 @@ class SpeedStore(Store):
             row.model, row.runner, row.tokens_per_s = model, runner, rate
             if output_fraction is not None:
                 row.output_fraction = output_fraction
+            if step_s is not None:
+                row.step_s = step_s
             row.interactive_tokens_per_s = interactive_tokens_per_s
             row.reported_at = now
 
@@ -54,6 +57,7 @@ class SpeedStore(Store):
                     runner=row.runner,
                     tokens_per_s=row.tokens_per_s,
                     output_fraction=row.output_fraction,
+                    step_s=row.step_s,
                     interactive_tokens_per_s=row.interactive_tokens_per_s,
                     reported_at=as_utc(row.reported_at),
                 )

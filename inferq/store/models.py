@@ -137,6 +137,8 @@ class EngineSpeedRow(Base):
     model: Mapped[str] = mapped_column(Text, index=True)
     runner: Mapped[str] = mapped_column(String(16))
     tokens_per_s: Mapped[float] = mapped_column(Float)
+    # How long a step takes with few sequences in the engine (a batch's last lines).
+    step_s: Mapped[float | None] = mapped_column(Float)
     output_fraction: Mapped[float | None] = mapped_column(Float)
     interactive_tokens_per_s: Mapped[float] = mapped_column(Float)
     reported_at: Mapped[datetime] = mapped_column(Timestamp)
@@ -246,6 +248,8 @@ class BatchRow(Base):
     # again while it runs (inferq/domain/estimates.py; None: nothing measured yet).
     line_prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     line_max_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # The largest `max_tokens` of a line: how long its last line may keep it running.
+    line_longest_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     estimate: Mapped[dict[str, Any] | None] = mapped_column(Json)
 
     __table_args__ = (

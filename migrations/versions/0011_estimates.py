@@ -26,6 +26,10 @@ def upgrade() -> None:
     op.add_column(
         "batches", sa.Column("line_max_tokens", sa.BigInteger(), server_default="0", nullable=False)
     )
+    op.add_column(
+        "batches",
+        sa.Column("line_longest_tokens", sa.Integer(), server_default="0", nullable=False),
+    )
     op.add_column("batches", sa.Column("estimate", Json, nullable=True))
     op.create_table(
         "engine_speeds",
@@ -33,6 +37,7 @@ def upgrade() -> None:
         sa.Column("model", sa.Text(), nullable=False),
         sa.Column("runner", sa.String(16), nullable=False),
         sa.Column("tokens_per_s", sa.Float(), nullable=False),
+        sa.Column("step_s", sa.Float(), nullable=True),
         sa.Column("output_fraction", sa.Float(), nullable=True),
         sa.Column("interactive_tokens_per_s", sa.Float(), nullable=False),
         sa.Column("reported_at", sa.DateTime(timezone=True), nullable=False),
@@ -45,5 +50,6 @@ def downgrade() -> None:
     op.drop_index("ix_engine_speeds_model", table_name="engine_speeds")
     op.drop_table("engine_speeds")
     op.drop_column("batches", "estimate")
+    op.drop_column("batches", "line_longest_tokens")
     op.drop_column("batches", "line_max_tokens")
     op.drop_column("batches", "line_prompt_tokens")

@@ -103,8 +103,10 @@ class PostgresServer:
             "start",
         )
 
-    def stop(self) -> None:
-        self._as_postgres(_pg_bin("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+    def stop(self, *, mode: str = "fast") -> None:
+        """`fast`: a clean shutdown; `immediate`: as a crash (no checkpoint, recovery at
+        the next start)."""
+        self._as_postgres(_pg_bin("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
 
     def create_database(self, name: str) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as connection:

@@ -43,6 +43,7 @@ def report(
     rate: float | None,
     fallback: float | None = None,
     fraction: float | None = 0.5,
+    step: float | None = None,
     model: str = "m",
 ) -> None:
     speeds.report(
@@ -51,6 +52,7 @@ def report(
         runner="generate",
         tokens_per_s=rate,
         fallback_tokens_per_s=fallback,
+        step_s=step,
         output_fraction=fraction,
         interactive_tokens_per_s=3.0,
     )
@@ -62,11 +64,11 @@ def test_a_rate_not_measured_this_time_keeps_the_last_one(speeds: SpeedStore, cl
     report(speeds, "w1", rate=None, fallback=40.0)
     [first] = speeds.of_model("m")
     assert first.tokens_per_s == 40.0  # at any load, until measured full
-    report(speeds, "w1", rate=900.0, fraction=0.4)
+    report(speeds, "w1", rate=900.0, fraction=0.4, step=0.01)
     clock.now += timedelta(seconds=5)
-    report(speeds, "w1", rate=None, fallback=40.0, fraction=None)
+    report(speeds, "w1", rate=None, fallback=40.0, fraction=None, step=None)
     [speed] = speeds.of_model("m")
-    assert (speed.tokens_per_s, speed.output_fraction) == (900.0, 0.4)
+    assert (speed.tokens_per_s, speed.output_fraction, speed.step_s) == (900.0, 0.4, 0.01)
     assert speed.reported_at == clock.now
     assert speed.interactive_tokens_per_s == 3.0
 

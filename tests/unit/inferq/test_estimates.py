@@ -37,6 +37,7 @@ def work(
         succeeded=ended,
         prompt_tokens=prompt_tokens * lines,
         max_tokens=max_tokens * lines,
+        longest_tokens=max_tokens,
         input_tokens=prompt_tokens * ended,
         output_tokens=output_tokens,
     )
@@ -49,6 +50,7 @@ def speed(
     fraction: float | None = 0.5,
     interactive: float = 0,
     age_s: float = 0,
+    step_s: float | None = None,
 ) -> EngineSpeed:
     return EngineSpeed(
         worker=worker,
@@ -56,6 +58,7 @@ def speed(
         runner="generate",
         tokens_per_s=tokens_per_s,
         output_fraction=fraction,
+        step_s=step_s,
         interactive_tokens_per_s=interactive,
         reported_at=NOW - timedelta(seconds=age_s),
     )
@@ -204,3 +207,11 @@ def test_a_batch_not_yet_running_keeps_the_workers_rate() -> None:
     assert again.pace_tokens_per_s is None
     assert again.tokens_per_s == 1000
     assert (again.completion_at - again.made_at).total_seconds() == pytest.approx(10)
+
+
+def test_its_longest_line_keeps_the_engine_after_the_rest() -> None:
+    # 5 s of work at the rate, then its longest line (100 tokens at half) alone, 20 ms a step.
+    result = made(work(), speed(step_s=0.02))
+    assert seconds_to(result.completion_at) == pytest.approx(5.0 + 50 * 0.02)
+    # At the latest, every line to its max_tokens, the longest too.
+    assert seconds_to(result.latest_at) == pytest.approx(10.0 + 100 * 0.02)

@@ -78,3 +78,12 @@ def test_embeddings_count_the_prompt_tokens_they_embed() -> None:
     reading = meter.reading()
     assert reading.full_tokens_per_s == pytest.approx(3000 / 6)
     assert reading.output_fraction is None
+
+
+def test_steps_with_few_sequences_give_the_step_time_of_a_batchs_last_lines() -> None:
+    ticks = Ticks()
+    meter = Speedometer(max_num_seqs=16, clock=ticks)
+    run(meter, ticks, steps=100, sequences=16, step_s=0.1)
+    assert meter.reading().low_step_s is None
+    run(meter, ticks, steps=30, sequences=1, step_s=0.02)
+    assert meter.reading().low_step_s == pytest.approx(0.02)

@@ -1,0 +1,273 @@
+"""The deployment the chaos run breaks: a Postgres and a Redis of its own (which it may
+kill), two API processes, two GPU workers (vLLM on CPU with the tiny model, each with the
+tests' engine fault hook: a request with `POISON_SEED` kills its engine core), the
+housekeeper, beat, and a webhook receiver that fails a share of deliveries. Every process
+is started from the same entry points as production; each can be killed and started
+again in its place."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import redis
+
+from bench.chaos.receiver import Receiver
+from bench.stack import demo_model
+from inferq.store.migrate import upgrade
+from tests.helpers.processes import (
+    INFERQ,
+    ServiceProcess,
+    free_port,
+    http_ok,
+    log_contains,
+    start_worker,
+)
+from tests.helpers.servers import PostgresServer
+
+MODEL_NAME = "tiny"
+ADMIN_KEY = "iq_chaos_" + "0" * 32
+# A request with this seed kills the engine core it enters (tests/helpers/faulty_worker.py).
+POISON_SEED = 666
+LEASE_S = 10
+
+
+@dataclass
+class _Redis:
+    """A Redis that keeps nothing: restarting it drops every key."""
+
+    workdir: Path
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
+        self.process = subprocess.Popen(
+            [*argv, "--save", "", "--appendonly", "no", "--dir", str(self.workdir)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis.from_url(self.url).ping()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(10)
+
+
+class Cluster:
+    """The processes, by role; `restart_*` and `kill_*` are what the faults do."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.logs = workdir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        pg_dir = workdir / "postgres"
+        pg_dir.mkdir(exist_ok=True)
+        self.postgres = PostgresServer(pg_dir)
+        self.redis = _Redis(workdir)
+        self.receiver = Receiver()
+        self.api_ports = [free_port(), free_port()]
+        self.apis: list[ServiceProcess | None] = [None, None]
+        self.workers: list[ServiceProcess | None] = [None, None]
+        self.housekeeper: ServiceProcess | None = None
+        self.beat: ServiceProcess | None = None
+        self.env: dict[str, str] = {}
+        # Taken down on purpose (a fault), not to be started again by `supervise`.
+        self.intended_down: set[str] = set()
+        # Processes may be restarted from the fault thread and the final check at once.
+        self.lock = threading.RLock()
+
+    @property
+    def database_url(self) -> str:
+        return self.postgres.url("inferq")
+
+    def start(self) -> None:
+        self.postgres.start()
+        self.postgres.create_database("inferq")
+        upgrade(self.database_url)
+        self.redis.start()
+        self.receiver.start()
+        self.env = {
+            "INFERQ_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY,
+            "INFERQ_AUTH_CACHE_S": "0",
+            "INFERQ_RATE_LIMIT_RPM": "0",
+            "INFERQ_RATE_LIMIT_TPM": "0",
+            "INFERQ_DATABASE_URL": self.database_url,
+            "INFERQ_REDIS_URL": self.redis.url,
+            "INFERQ_REDIS_KEY_PREFIX": "chaos:",
+            "INFERQ_MODEL": str(demo_model()),
+            "INFERQ_SERVED_MODEL_NAME": MODEL_NAME,
+            "INFERQ_ENFORCE_EAGER": "true",
+            "INFERQ_DTYPE": "float32",
+            "INFERQ_MAX_NUM_SEQS": "16",
+            "INFERQ_MAX_BATCH_SIZE": "8",
+            "INFERQ_LEASE_S": str(LEASE_S),
+            "INFERQ_MAINTENANCE_INTERVAL_S": "2",
+            "INFERQ_REQUEUE_AFTER_S": "60",
+            "INFERQ_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.1/32",
+            # Retries outlast any outage the faults make (about 8 minutes in all).
+            "INFERQ_WEBHOOK_RETRY_SCHEDULE_S": "1,2,4,8,15,30,60,60,60,60,60,60",
+            "INFERQ_WEBHOOK_TIMEOUT_S": "5",
+            "INFERQ_LOG_LEVEL": "INFO",
+            "VLLM_LOGGING_LEVEL": "WARNING",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+        for index in range(len(self.api_ports)):
+            self.start_api(index)
+        for index in range(len(self.workers)):
+            self.start_worker(index)
+        self.start_housekeeper()
+        self.start_beat()
+
+    def api_urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{port}" for port in self.api_ports]
+
+    def start_api(self, index: int) -> None:
+        port = self.api_ports[index]
+        api = ServiceProcess(
+            f"api-{index}",
+            [*INFERQ, "api"],
+            env={**os.environ, **self.env, "INFERQ_API_PORT": str(port)},
+            log_dir=self.logs,
+        )
+        # Postgres may be down just now: the API may need a few tries to come up.
+        api.wait_until(http_ok(f"http://127.0.0.1:{port}/healthz"), timeout_s=120, what="up")
+        self.apis[index] = api
+
+    def start_worker(self, index: int) -> None:
+        worker = start_worker(
+            env={**self.env},
+            log_dir=self.logs,
+            name=f"gpu-{index}",
+            wait=False,
+            kill_engine_seed=POISON_SEED,
+        )
+        self.workers[index] = worker
+
+    def start_housekeeper(self) -> None:
+        self.housekeeper = ServiceProcess(
+            "housekeeper",
+            [*INFERQ, "webhooks", "--name", "service@chaos"],
+            env=self.env,
+            log_dir=self.logs,
+        )
+
+    def start_beat(self) -> None:
+        self.beat = ServiceProcess("beat", [*INFERQ, "beat"], env=self.env, log_dir=self.logs)
+
+    def wait_ready(self, timeout_s: float = 300) -> None:
+        """Every worker consuming, the housekeeper too."""
+        for worker in self.workers:
+            assert worker is not None
+            worker.wait_until(log_contains(worker, " ready."), timeout_s=timeout_s, what="ready")
+        assert self.housekeeper is not None
+        self.housekeeper.wait_until(
+            log_contains(self.housekeeper, " ready."), timeout_s=timeout_s, what="ready"
+        )
+
+    def stop(self) -> None:
+        with self.lock:
+            for process in [*self.apis, *self.workers, self.housekeeper, self.beat]:
+                if process is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        process.discard()
+            self.receiver.stop()
+            self.redis.kill()
+            with contextlib.suppress(subprocess.CalledProcessError):
+                self.postgres.stop()
+
+    # What the faults do.
+
+    def kill_worker(self, index: int) -> None:
+        with self.lock:
+            worker = self.workers[index]
+            assert worker is not None
+            worker.kill_group()
+            self.start_worker(index)
+
+    @contextlib.contextmanager
+    def worker_stopped(self, index: int) -> Iterator[None]:
+        worker = self.workers[index]
+        assert worker is not None
+        worker.signal_group(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            worker.signal_group(signal.SIGCONT)
+
+    def kill_api(self, index: int) -> None:
+        with self.lock:
+            api = self.apis[index]
+            assert api is not None
+            api.kill_group()
+            self.start_api(index)
+
+    def restart_redis(self) -> None:
+        with self.lock:
+            self.redis.kill()
+            self.redis.start()
+
+    def restart_postgres(self) -> None:
+        """An immediate shutdown (as a crash: no checkpoint), then a start."""
+        with self.lock:
+            self.postgres.stop(mode="immediate")
+            self.postgres.start()
+
+    def kill_housekeeper(self) -> None:
+        with self.lock:
+            assert self.housekeeper is not None
+            self.housekeeper.kill_group()
+
+    def kill_beat(self) -> None:
+        with self.lock:
+            assert self.beat is not None
+            self.beat.kill_group()
+
+    def supervise(self) -> list[str]:
+        """Start again whatever exited that no fault took down, as a supervisor would
+        (systemd, Kubernetes); the names of those started."""
+        started = []
+        with self.lock:
+            for index, api in enumerate(self.apis):
+                if api is not None and not api.alive():
+                    started.append(api.name)
+                    self.start_api(index)
+            for index, worker in enumerate(self.workers):
+                if worker is not None and not worker.alive():
+                    started.append(worker.name)
+                    self.start_worker(index)
+            for name, process, start in (
+                ("housekeeper", self.housekeeper, self.start_housekeeper),
+                ("beat", self.beat, self.start_beat),
+            ):
+                if process is not None and not process.alive() and name not in self.intended_down:
+                    started.append(name)
+                    start()
+        return started
+
+    def healthy(self) -> bool:
+        """Every API answers."""
+        return all(
+            httpx.get(url + "/healthz", timeout=2).status_code == 200 for url in self.api_urls()
+        )

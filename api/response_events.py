@@ -47,7 +47,7 @@ class _Events:
 
 async def response_events(followed: Followed, *, job: Job) -> AsyncIterator[ServerSentEvent | str]:
     """The events of a streamed response, then `DONE` (which `event_stream` keeps to
-    itself). Follow the job with `stored=True`: the last events are the stored response."""
+    itself). The last events are the stored response."""
     event = _Events()
     opening = response_object(ResponseState.of_job(job))
     yield event("response.created", response=opening)
@@ -110,7 +110,7 @@ class _Message:
 
 
 def _ending(ended: Ended, message: _Message, event: _Events) -> Iterator[ServerSentEvent]:
-    if ended.status is JobStatus.CANCELLED or ended.job is None:
+    if ended.status is JobStatus.CANCELLED:
         yield event("error", code="cancelled", message="the response was cancelled", param=None)
         return
     final = response_object(ResponseState.of_job(ended.job))

@@ -43,9 +43,8 @@ async def openai_chunks(
     output) or streamed `text_completion`s, one choice a chunk, the finish reason on each
     choice's last; the usage chunk if asked for; then `[DONE]`.
 
-    A chat whose output may hold tool calls is sent once it has ended (follow it with
-    `stored=True`): the calls are read out of the whole output, and its raw text must not
-    reach the client as content first."""
+    A chat whose output may hold tool calls is sent once it has ended: the calls are read
+    out of the whole output, and its raw text must not reach the client as content first."""
     created = int(job.created_at.timestamp())
     held = holds_output(job, chat=chat)
 
@@ -99,7 +98,6 @@ async def job_deltas(followed: Followed, *, job: Job) -> AsyncIterator[str]:
     try:
         async for item in followed:
             if isinstance(item, Ended):
-                assert item.job is not None, "followed with stored=True"
                 yield JobPublic.from_job(item.job).model_dump_json()
                 break
             choices = [
@@ -126,12 +124,11 @@ def _ending(
     render: Callable[[list[dict[str, Any]], dict[str, int] | None], str],
 ) -> list[str]:
     """The last events of a stream: an error, or the held output and the usage chunk."""
-    error = ended_error(job_id, ended.status, ended.job.error if ended.job else None)
+    error = ended_error(job_id, ended.status, ended.job.error)
     if error is not None:
         return [_json(error_json(error))]
     events: list[str] = []
     if held:
-        assert ended.job is not None, "followed with stored=True"
         assert ended.job.result is not None, "a succeeded job has its result"
         for whole in ended.job.result.choices:
             events.extend(render([c], None) for c in _whole_chat_choice(whole))

@@ -34,29 +34,34 @@ class OutputRestarted(InferqError):
 @dataclass
 class _Sent:
     tokens: int = 0
-    chars: int = 0
+    parts: list[str] = field(default_factory=list)
     finish_reason: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
 
     def add(self, delta: ChoiceDelta) -> None:
         self.tokens += delta.tokens
-        self.chars += len(delta.text)
+        self.parts.append(delta.text)
         self.finish_reason = delta.finish_reason
 
 
 @dataclass(frozen=True)
 class Ended:
-    """How a followed job ended. `job` is as stored, or None when the engine's last
-    tokens ended it and the stored result may not be written yet."""
+    """How a followed job ended, as stored."""
 
     status: JobStatus
     prompt_tokens: int
     completion_tokens: int
-    job: Job | None = None
+    job: Job
 
 
 @dataclass
 class _Progress:
     n: int
+    # Whether the stored output must begin with what was sent (see `rest`).
+    checked: bool = True
     sent: dict[int, _Sent] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -64,7 +69,7 @@ class _Progress:
 
     @property
     def any_sent(self) -> bool:
-        return any(s.tokens or s.chars for s in self.sent.values())
+        return any(s.tokens or s.parts for s in self.sent.values())
 
     @property
     def finished(self) -> bool:
@@ -85,19 +90,31 @@ class _Progress:
         return deltas
 
     def rest(self, job: Job) -> list[ChoiceDelta]:
-        """What of a succeeded job's output has not been sent yet."""
+        """What of a succeeded job's output has not been sent yet. `OutputRestarted` if
+        what was sent is not how the stored output begins: the tokens sent came from a
+        run that was lost (its start going unseen: Redis lost the stream, or could not be
+        read), and the result is another run's."""
         assert job.result is not None
         rest = []
         for choice in job.result.choices:
             sent = self.sent.setdefault(choice.index, _Sent())
-            if sent.finish_reason is not None:
+            sent_text = sent.text
+            ended = sent.finish_reason is not None
+            matches = choice.text == sent_text if ended else choice.text.startswith(sent_text)
+            if self.checked and not matches:
+                raise OutputRestarted(
+                    f"the output of job {job.id} sent so far came from a run that was lost "
+                    "(its worker or engine died); it ran again from the start: read it at "
+                    f"/v1/jobs/{job.id}"
+                )
+            if ended:
                 continue
             logprobs = None
             if choice.logprobs is not None:
                 logprobs = choice.logprobs[sent.tokens :]
             delta = ChoiceDelta(
                 index=choice.index,
-                text=choice.text[sent.chars :],
+                text=choice.text[len(sent_text) :],
                 offset=sent.tokens,
                 tokens=choice.completion_tokens - sent.tokens,
                 logprobs=logprobs,
@@ -117,20 +134,21 @@ class TokenFollower:
         self._waiter = waiter
 
     async def follow(
-        self, job: Job, *, read: ReadJob, stored: bool = False
+        self, job: Job, *, read: ReadJob, held: bool = False
     ) -> AsyncIterator[list[ChoiceDelta] | Ended]:
         """The job's output as it comes (each choice's text continued, never repeated),
-        then how it ended: as soon as the engine's last tokens came, or with `stored` once
-        the result is written too. Raises `OutputRestarted` if its run began again after
-        output was sent. `read` re-reads the job (in its caller's scope)."""
-        progress = _Progress(job.sampling.n)
-        if job.stream and not job.status.is_terminal:
+        then how it ended, once its result is stored: a client is never told an output
+        that is not the one kept (a run lost after its last tokens were sent, and run
+        again, keeps another). Raises `OutputRestarted` if its run began again after
+        output was sent. `read` re-reads the job (in its caller's scope). `held`: the
+        caller sends nothing before the end (a chat's tool calls), so the output comes
+        whole from the stored result."""
+        # The stored text of a job with tools is what remains once the calls are read
+        # out of the generated text: it cannot be held against the tokens sent.
+        progress = _Progress(job.sampling.n, checked=job.sampling.tool_choice is None)
+        if job.stream and not job.status.is_terminal and not held:
             async for deltas in self._from_stream(job, progress, read=read):
                 yield deltas
-            aborted = any(s.finish_reason == "abort" for s in progress.sent.values())
-            if progress.finished and not aborted and not stored:
-                yield Ended(JobStatus.SUCCEEDED, job.prompt_tokens, progress.tokens)
-                return
         job = await self._waiter.until_ended(job.id, read)
         if job.status is JobStatus.SUCCEEDED and (rest := progress.rest(job)):
             yield rest

@@ -100,7 +100,7 @@ async def _complete(
         return await following.read((job_id, scope))
 
     if body.stream:
-        followed = following.follower.follow(job, read=read, stored=holds_output(job, chat=chat))
+        followed = following.follower.follow(job, read=read, held=holds_output(job, chat=chat))
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         chunks = openai_chunks(
             followed, job=job, chat=chat, model=job.model, include_usage=include_usage

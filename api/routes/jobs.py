@@ -154,7 +154,7 @@ async def stream_job(
     async def read(job_id: str) -> Job:
         return await reads((job_id, principal.scope))
 
-    followed = follower.follow(job, read=read, stored=True)
+    followed = follower.follow(job, read=read)
     return event_stream(job_deltas(followed, job=job))
 
 

@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from api.deps import FollowerDep, JobOpsDep, PrincipalDep, ReadDep, Reads, SubmissionDep
 from api.errors import ended_error, error_responses
 from api.response_events import response_events
-from api.streams import event_stream
+from api.streams import event_stream, holds_output
 from inferq.constants import JOB_ID_HEADER
 from inferq.domain.jobs import Job, JobSpec
 from inferq.exceptions import NotFound
@@ -97,7 +97,7 @@ async def create_response(
         return await read((job_id, scope))
 
     if body.stream:
-        followed = follower.follow(job, read=reread, stored=True)
+        followed = follower.follow(job, read=reread, held=holds_output(job, chat=True))
         hangup = None
         if not body.background:
             hangup = functools.partial(submission.cancel_abandoned, job.id, scope=scope)

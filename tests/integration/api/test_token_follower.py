@@ -50,10 +50,12 @@ def succeeded(job: Job) -> Job:
     return dataclasses.replace(job, status=JobStatus.SUCCEEDED, result=result)
 
 
-def piece(text: str, offset: int) -> JobDelta:
+def piece(text: str, offset: int, finish_reason: str | None = None) -> JobDelta:
     return JobDelta(
         job_id="job_follow",
-        choices=(ChoiceDelta(index=0, text=text, offset=offset, tokens=1),),
+        choices=(
+            ChoiceDelta(index=0, text=text, offset=offset, tokens=1, finish_reason=finish_reason),
+        ),
     )
 
 
@@ -97,3 +99,28 @@ def test_a_run_that_starts_again_after_output_was_sent_is_an_error(follow) -> No
     events: list[TokenEvent] = [RunStarted(job_id=job.id), piece("a", 0), RunStarted(job_id=job.id)]
     with pytest.raises(OutputRestarted, match="running again"):
         follow(events, succeeded(job))
+
+
+def test_tokens_of_a_lost_run_are_never_finished_with_another_runs_result(follow) -> None:
+    job = running_job()
+    # A run's first token was sent; the run was lost, and its next start went unseen (Redis
+    # restarted empty, say): the stored result, of another run, does not begin with it.
+    with pytest.raises(OutputRestarted, match="ran again"):
+        follow([RunStarted(job_id=job.id), piece("a different ", 0)], succeeded(job))
+
+
+def test_a_stream_ends_only_as_its_stored_result_says(follow) -> None:
+    job = running_job()
+    # Every token of a run came, then the run was lost before its result was written; the
+    # result kept is another run's: what the client got is void, and it is told so.
+    streamed = [RunStarted(job_id=job.id), piece("an answer never kept", 0, "stop")]
+    with pytest.raises(OutputRestarted, match="ran again"):
+        follow(streamed, succeeded(job))
+
+
+def test_a_stream_ends_with_its_stored_job(follow) -> None:
+    job = running_job()
+    out = follow([RunStarted(job_id=job.id), piece(TEXT, 0, "stop")], succeeded(job))
+    assert isinstance(out[-1], Ended)
+    assert out[-1].job.result is not None
+    assert out[-1].job.result.choices[0].text == TEXT

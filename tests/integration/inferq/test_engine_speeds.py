@@ -5,28 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
 from inferq.store.engine import make_engine, make_sessions
 from inferq.store.engine_speeds import SpeedStore
-from inferq.store.migrate import upgrade
 from tests.helpers.clock import Clock
-
-
-@pytest.fixture(params=["postgres", "sqlite"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "postgres":
-        return str(request.getfixturevalue("database_url"))
-    url = f"sqlite:///{tmp_path / 'store.db'}"
-    upgrade(url)
-    return url
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
 
 
 @pytest.fixture

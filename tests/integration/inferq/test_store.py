@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
@@ -22,24 +21,9 @@ from inferq.domain.jobs import (
 from inferq.exceptions import InvalidState, NotFound, StoreUnavailable
 from inferq.store.engine import make_engine, make_sessions
 from inferq.store.jobs import JobStore
-from inferq.store.migrate import upgrade
 from inferq.store.text_codec import ESCAPE
 from tests.helpers.clock import Clock
 from tests.helpers.jobs import create_jobs
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture(params=["postgres", "sqlite"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "postgres":
-        return str(request.getfixturevalue("database_url"))
-    url = f"sqlite:///{tmp_path / 'store.db'}"
-    upgrade(url)
-    return url
 
 
 @pytest.fixture

@@ -4,74 +4,204 @@ before it have ended, as Server-Sent Events; a last event when the batch ends.
 Server-Sent Events rather than JSON lines: each event carries its line number as its `id`,
 so a client that loses the connection asks again with `Last-Event-ID` (EventSource does it
 by itself) and gets every line after it, none twice; the data of each event is the line
-exactly as the output file has it. Reads go on from the cursor (lines walked from it by
-index, never the whole batch) when the workers announce that lines of the batch ended
-(`JobWaiter.watch_batch`), at most `MIN_READ_INTERVAL_S` apart, and every `RECHECK_S`
-without an announcement (cancelled and expired lines are not announced).
+exactly as the output file has it.
+
+An API process reads each followed batch once, however many follow it (`BatchFeeds`): one
+reader per batch goes on from its cursor (lines walked by index, never the whole batch)
+when the workers announce that lines of the batch ended (`JobWaiter.watch_batch`), at most
+every `MIN_READ_INTERVAL_S`, and every `RECHECK_S` without an announcement (cancelled and
+expired lines are not announced). It renders each line as its event once, and keeps the
+last `WINDOW_LINES` of them; each follower sends on what it has not sent yet, all of it in
+one write. A follower that comes from further back than the window (a resumed download, a
+slow client) reads its own way up to it first. So ten followers of a batch cost Postgres
+and the API's CPU about what one does, and each one more a write per read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import functools
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
 
-from sse_starlette import ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
-from api.waiter import JobWaiter
 from inferq.domain.batches import Batch
-from inferq.operations.batch_output import BatchOutput
-from inferq.operations.batches import BatchOperations
+from inferq.operations.batch_output import OutputPart
 from inferq.wire.public import BatchPublic
 
-# Most lines read and sent at once: a follower of a large batch holds little memory.
+# Most lines read at once: a reader of a large batch holds little memory.
 LINES_PER_READ = 512
 # Reads wait this long after the last one, so lines ending by the hundred a second cost a
 # few reads a second, not one each.
 MIN_READ_INTERVAL_S = 0.2
 # Read again after this long without a word from the workers.
 RECHECK_S = 1.0
+# Rendered lines a batch's feed keeps for its followers.
+WINDOW_LINES = 20_000
 
-LINE_EVENT = "line"
-END_EVENT = "end"
+LINE_EVENT = b"line"
+END_EVENT = b"end"
 
 
-async def followed_output(
-    batch: Batch,
-    *,
-    after: int,
-    include_errors: bool,
-    scope: str | None,
-    batches: BatchOperations,
-    output: BatchOutput,
-    waiter: JobWaiter,
-) -> AsyncIterator[ServerSentEvent]:
-    """`line` events (id: the line's number; data: the line as in the output file, or the
-    error file with `include_errors`) from line `after + 1` on; then an `end` event with
-    the batch once it has ended."""
-    read = functools.partial(
-        output.part, batch, include_errors=include_errors, limit=LINES_PER_READ
-    )
-    cursor = after
-    async with waiter.watch_batch(batch.id) as progressed:
-        while True:
-            progressed.clear()
-            part = await run_in_threadpool(read, after=cursor)
-            for line, data in part.lines:
-                yield ServerSentEvent(
-                    data=data.decode().rstrip("\n"), id=str(line), event=LINE_EVENT
-                )
-            cursor = part.cursor
-            if part.more:
-                continue
-            if part.ended:
-                now = await run_in_threadpool(batches.get, batch.id, scope=scope)
-                if now.status.is_terminal:
-                    public = BatchPublic.from_batch(now).model_dump_json()
-                    yield ServerSentEvent(data=public, id=str(cursor), event=END_EVENT)
+def sse(event: bytes, event_id: int, data: bytes) -> bytes:
+    """One Server-Sent Event (`data` is one line: the output file's lines hold no newline)."""
+    return b"event: %s\nid: %d\ndata: %s\n\n" % (event, event_id, data.rstrip(b"\n"))
+
+
+@dataclass
+class _Feed:
+    """One batch's lines as events, read once for every follower in this process."""
+
+    batch: Batch
+    include_errors: bool
+    start: int
+    followers: int = 0
+    cursor: int = 0
+    lines: list[int] = field(default_factory=list)
+    events: list[bytes] = field(default_factory=list)
+    end: bytes | None = None
+    failed: BaseException | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+    def __post_init__(self) -> None:
+        self.cursor = self.start
+
+    @property
+    def window_start(self) -> int:
+        """Every line after this one that the feed has read, it still holds."""
+        return self.lines[0] - 1 if self.lines else self.cursor
+
+    def add(self, part: OutputPart) -> None:
+        self.lines += [line for line, _ in part.lines]
+        self.events += [sse(LINE_EVENT, line, data) for line, data in part.lines]
+        self.cursor = part.cursor
+        if len(self.lines) > WINDOW_LINES:
+            del self.lines[:-WINDOW_LINES], self.events[:-WINDOW_LINES]
+        self.changed.set()
+
+    def since(self, after: int) -> tuple[bytes, int]:
+        """The events of the lines after `after` it holds (all in one), and where they
+        end."""
+        first = bisect.bisect_right(self.lines, after)
+        return b"".join(self.events[first:]), max(after, self.cursor)
+
+
+class OutputParts(Protocol):
+    """Where a batch's ended lines are read from (`BatchOutput`)."""
+
+    def part(self, batch: Batch, *, after: int, include_errors: bool, limit: int) -> OutputPart: ...
+
+
+class BatchReader(Protocol):
+    """Where a batch is read again at its end (`BatchOperations`)."""
+
+    def get(self, batch_id: str, *, scope: str | None) -> Batch: ...
+
+
+class BatchWatcher(Protocol):
+    """Who wakes a reader when lines of a batch end (`JobWaiter`)."""
+
+    def watch_batch(
+        self, batch_id: str
+    ) -> contextlib.AbstractAsyncContextManager[asyncio.Event]: ...
+
+
+class BatchFeeds:
+    """The feeds of the batches this API process's clients follow."""
+
+    def __init__(self, *, output: OutputParts, batches: BatchReader, waiter: BatchWatcher) -> None:
+        self._output = output
+        self._batches = batches
+        self._waiter = waiter
+        self._feeds: dict[tuple[str, bool], _Feed] = {}
+
+    async def follow(
+        self, batch: Batch, *, after: int, include_errors: bool
+    ) -> AsyncIterator[bytes]:
+        """`line` events (id: the line's number; data: the line as in the output file, or
+        the error file with `include_errors`) from line `after + 1` on; then an `end`
+        event with the batch once it has ended. Each chunk holds every event ready."""
+        async with self._joined(batch, after=after, include_errors=include_errors) as feed:
+            sent = after
+            while True:
+                if feed.failed is not None:
+                    raise feed.failed
+                if sent < feed.window_start:  # from before the window: its own way there
+                    part = await self._read(batch, after=sent, include_errors=include_errors)
+                    if part.lines:
+                        yield b"".join(sse(LINE_EVENT, line, data) for line, data in part.lines)
+                    if part.cursor == sent:  # the feed is behind this follower: wait for it
+                        await self._changed(feed)
+                    sent = part.cursor
+                    continue
+                feed.changed.clear()
+                events, sent = feed.since(sent)
+                if events:
+                    yield events
+                elif feed.end is not None:
+                    yield feed.end
                     return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(progressed.wait(), RECHECK_S)
-            await asyncio.sleep(MIN_READ_INTERVAL_S)
+                else:
+                    await self._changed(feed)
+
+    @staticmethod
+    async def _changed(feed: _Feed) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(feed.changed.wait(), RECHECK_S)
+
+    @contextlib.asynccontextmanager
+    async def _joined(
+        self, batch: Batch, *, after: int, include_errors: bool
+    ) -> AsyncIterator[_Feed]:
+        key = (batch.id, include_errors)
+        feed = self._feeds.get(key)
+        if feed is None:
+            feed = _Feed(batch=batch, include_errors=include_errors, start=after)
+            feed.task = asyncio.create_task(self._read_on(feed))
+            self._feeds[key] = feed
+        feed.followers += 1
+        try:
+            yield feed
+        finally:
+            feed.followers -= 1
+            if feed.followers == 0:
+                del self._feeds[key]
+                if feed.task is not None:
+                    feed.task.cancel()
+
+    async def _read(self, batch: Batch, *, after: int, include_errors: bool) -> OutputPart:
+        read = functools.partial(
+            self._output.part, batch, include_errors=include_errors, limit=LINES_PER_READ
+        )
+        return await run_in_threadpool(read, after=after)
+
+    async def _read_on(self, feed: _Feed) -> None:
+        """The feed's reader: reads on from its cursor as lines end, until the batch has."""
+        try:
+            async with self._waiter.watch_batch(feed.batch.id) as progressed:
+                while True:
+                    progressed.clear()
+                    part = await self._read(
+                        feed.batch, after=feed.cursor, include_errors=feed.include_errors
+                    )
+                    feed.add(part)
+                    if part.more:
+                        continue
+                    if part.ended:
+                        now = await run_in_threadpool(self._batches.get, feed.batch.id, scope=None)
+                        if now.status.is_terminal:
+                            data = BatchPublic.from_batch(now).model_dump_json().encode()
+                            feed.end = sse(END_EVENT, feed.cursor, data)
+                            feed.changed.set()
+                            return
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(progressed.wait(), RECHECK_S)
+                    await asyncio.sleep(MIN_READ_INTERVAL_S)
+        except Exception as exc:  # noqa: BLE001  # whatever it was, its followers end with it
+            feed.failed = exc
+            feed.changed.set()

@@ -12,6 +12,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import Authenticator
+from api.batch_follow import BatchFeeds
 from api.grouping import Grouped
 from api.idempotency import Idempotency
 from api.ratelimit import RateLimiter
@@ -44,6 +45,8 @@ class ApiServices:
     app: App
     waiter: JobWaiter
     follower: TokenFollower
+    # Followers of batches' output, one reader a batch (api/batch_follow.py).
+    feeds: BatchFeeds
     authenticator: Authenticator
     rate_limiter: RateLimiter
     submission: Submission
@@ -81,6 +84,7 @@ IdempotencyDep = Annotated[Idempotency, Depends(_taken(lambda s: s.idempotency))
 SubmissionDep = Annotated[Submission, Depends(_taken(lambda s: s.submission))]
 WaiterDep = Annotated[JobWaiter, Depends(_taken(lambda s: s.waiter))]
 FollowerDep = Annotated[TokenFollower, Depends(_taken(lambda s: s.follower))]
+FeedsDep = Annotated[BatchFeeds, Depends(_taken(lambda s: s.feeds))]
 ReadDep = Annotated[Reads, Depends(_taken(lambda s: s.read))]
 AppDep = Annotated[App, Depends(_taken(lambda s: s.app))]
 

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis as AsyncRedis
 
 from api.auth import Authenticator
+from api.batch_follow import BatchFeeds
 from api.bodysize import BodySizeLimit
 from api.deps import ApiServices
 from api.errors import register_error_handlers
@@ -63,6 +64,7 @@ def build_services(app: App) -> ApiServices:
         app=app,
         waiter=waiter,
         follower=TokenFollower(async_redis, key_prefix=prefix, waiter=waiter),
+        feeds=BatchFeeds(output=app.batch_output, batches=app.batch_operations, waiter=waiter),
         authenticator=Authenticator(
             app.keys, enabled=settings.auth_enabled, cache_s=settings.auth_cache_s
         ),

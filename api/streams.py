@@ -187,7 +187,7 @@ _cleanups: set[asyncio.Task[None]] = set()
 
 
 def event_stream(
-    events: AsyncIterator[str] | AsyncIterator[ServerSentEvent | str],
+    events: AsyncIterator[str] | AsyncIterator[ServerSentEvent | str] | AsyncIterator[bytes],
     *,
     on_hangup: Callable[[], Coroutine[object, object, None]] | None = None,
     headers: Mapping[str, str] | None = None,
@@ -197,7 +197,7 @@ def event_stream(
     (which `events` ends with, and which is sent unless `send_done` is false)."""
     completed = False
 
-    async def body() -> AsyncIterator[ServerSentEvent | str]:
+    async def body() -> AsyncIterator[ServerSentEvent | str | bytes]:
         nonlocal completed
         async for data in events:
             if data == DONE:

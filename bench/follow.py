@@ -5,8 +5,9 @@ the API's CPU per follower.
     python -m bench.follow --lines 2000 --followers 10 --rounds 1
 
 One deployment on the real engine (the bench model and engine settings of bench.compare).
-A batch of `--lines` lines of the bench workload runs without followers, then another (its
-own prompts) with `--followers` clients following its output from its creation
+A batch of `--lines` lines of the bench workload runs without followers, then the same
+lines (each batch's prompts with a prefix of its own, out of the prefix cache) with
+`--followers` clients following its output from its creation
 (`GET /v1/batches/{id}/output?follow=true&include=errors`, every event read and checked:
 each line once, in order), and so on for `--rounds` rounds; a last batch without
 followers closes the run, so each followed batch lies between two that were not. Each
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
+import os
 import shutil
 import statistics
 from pathlib import Path
@@ -49,10 +52,14 @@ def _parse() -> argparse.Namespace:
 
 
 async def follow(base_url: str, batch_id: str, lines: int) -> int:
-    """Follow the batch's output to its end; the lines received (each once, in order)."""
+    """Follow the batch's output to its end; the lines received (each once, in order).
+    Events are split out of whole chunks, not read line by line: the client shares the
+    two cores with what it measures, and aiohttp's `readline` over a large chunk costs far
+    more than inferq's side of the event."""
     timeout = aiohttp.ClientTimeout(total=None, sock_read=300)
     headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
     received = 0
+    pending = b""
     async with (
         aiohttp.ClientSession(base_url, headers=headers, timeout=timeout) as session,
         session.get(
@@ -60,20 +67,21 @@ async def follow(base_url: str, batch_id: str, lines: int) -> int:
         ) as response,
     ):
         response.raise_for_status()
-        event: dict[str, str] = {}
-        async for raw in response.content:
-            line = raw.decode().rstrip("\r\n")
-            if line:
-                name, _, value = line.partition(":")
-                event[name] = value.strip()
+        async for chunk in response.content.iter_any():
+            *events, pending = (pending + chunk.replace(b"\r\n", b"\n")).split(b"\n\n")
+            for event in events:
+                fields = dict(line.split(b": ", 1) for line in event.split(b"\n") if b": " in line)
+                kind = fields.get(b"event")
+                if kind == b"line":
+                    received += 1
+                    if int(fields[b"id"]) != received:
+                        raise RuntimeError(f"line {fields[b'id']!r} came where {received} was due")
+                elif kind == b"end":
+                    pending = b""
+                    break
+            else:
                 continue
-            if event.get("event") == "line":
-                received += 1
-                if int(event["id"]) != received:
-                    raise RuntimeError(f"line {event['id']} came where {received} was due")
-            elif event.get("event") == "end":
-                break
-            event = {}
+            break
     if received != lines:
         raise RuntimeError(f"{received} of {lines} lines came")
     return received
@@ -122,6 +130,9 @@ def main() -> None:
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     plan = [0, *[n for _ in range(args.rounds) for n in (args.followers, 0)]]
+    requests = workload.bulk(
+        tokenizer, args.lines, context=engine["max_model_len"], seed=workload.SEED + 200
+    )
     runs: list[dict[str, Any]] = []
     with deployment(model, workdir, **inferq_env(engine)) as running:
         dsn = running.env["INFERQ_DATABASE_URL"].replace("+psycopg", "")
@@ -130,19 +141,21 @@ def main() -> None:
                 "api": lambda: descendants(running.api.popen.pid),
                 "worker": lambda: descendants(running.worker.popen.pid),
                 "postgres": lambda: by_name("postgres"),
+                # The followers run here, on the same two cores.
+                "client": lambda: [os.getpid()],
             }
         )
 
         async def run() -> None:
             async with drive.inferq_session(running.url, connections=4) as client:
                 for number, followers in enumerate(plan):
-                    requests = workload.bulk(
-                        tokenizer,
-                        args.lines,
-                        context=engine["max_model_len"],
-                        seed=workload.SEED + 200 + number,
-                    )
-                    path = workload.write_batch_file(requests, SERVED, workdir / f"{number}.jsonl")
+                    # The same lengths every time; a prefix of its own keeps each batch out
+                    # of the engine's prefix cache.
+                    own = [
+                        dataclasses.replace(r, prompt=f"Batch {number}. {r.prompt}")
+                        for r in requests
+                    ]
+                    path = workload.write_batch_file(own, SERVED, workdir / f"{number}.jsonl")
                     measured = await run_batch(
                         client,
                         running.url,

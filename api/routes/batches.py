@@ -9,15 +9,14 @@ from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.batch_follow import followed_output
 from api.batch_schemas import BatchCreate, BatchList, FileEstimatePublic
 from api.deps import (
     BatchOpsDep,
     BatchOutputDep,
+    FeedsDep,
     IdempotencyDep,
     PrincipalDep,
     SubmissionDep,
-    WaiterDep,
 )
 from api.errors import error_responses
 from api.idempotency import IdempotencyKey
@@ -132,7 +131,7 @@ async def batch_output(
     batch_id: str,
     batches: BatchOpsDep,
     output: BatchOutputDep,
-    waiter: WaiterDep,
+    feeds: FeedsDep,
     principal: PrincipalDep,
     include: Annotated[
         Literal["errors"] | None,
@@ -166,14 +165,10 @@ async def batch_output(
     batch = await run_in_threadpool(batches.get, batch_id, scope=principal.scope)
     include_errors = include == "errors"
     if follow:
-        events = followed_output(
+        events = feeds.follow(
             batch,
             after=after if last_event_id is None else last_event_id,
             include_errors=include_errors,
-            scope=principal.scope,
-            batches=batches,
-            output=output,
-            waiter=waiter,
         )
         return event_stream(events)
     partial = await run_in_threadpool(

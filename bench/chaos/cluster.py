@@ -132,6 +132,11 @@ class Cluster:
             "INFERQ_LOG_LEVEL": "INFO",
             "VLLM_LOGGING_LEVEL": "WARNING",
             "TOKENIZERS_PARALLELISM": "false",
+            # vLLM on a CPU pins each engine to the same core by default: two workers on
+            # one host would share it, and an engine restarting beside a busy one waited
+            # minutes for it. Unpinned, one OpenMP thread each (as the tests run them).
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "OMP_NUM_THREADS": "1",
         }
         for index in range(len(self.api_ports)):
             self.start_api(index)

@@ -85,9 +85,12 @@ class JobRow(Base):
     __table_args__ = (
         Index("ix_jobs_status_id", "status", "id"),
         Index("ix_jobs_batch_id_line", "batch_id", "line"),
+        # A batch's lines still to run, in order: whether it has any, and the first after
+        # a cursor (a follower's read), without scanning the others.
         Index(
             "ix_jobs_batch_active",
             "batch_id",
+            "line",
             postgresql_where=text("status IN ('queued', 'running') AND batch_id IS NOT NULL"),
             sqlite_where=text("status IN ('queued', 'running') AND batch_id IS NOT NULL"),
         ),

@@ -1,5 +1,7 @@
 """Batch estimates: what a batch's lines ask of the engine (summed when it is written), its
-estimate, and the speeds the GPU workers measure of their engines.
+estimate, and the speeds the GPU workers measure of their engines. A batch's active lines
+indexed by line too, so the first still to run after a cursor is found at once (a follower
+of a 20,000-line batch read the batch's every queued line, 35 ms a read).
 
 Revision ID: 0011
 Revises: 0010
@@ -44,9 +46,22 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("worker", name="pk_engine_speeds"),
     )
     op.create_index("ix_engine_speeds_model", "engine_speeds", ["model"])
+    _active_lines(["batch_id", "line"])
+
+
+def _active_lines(columns: list[str]) -> None:
+    op.drop_index("ix_jobs_batch_active", table_name="jobs")
+    op.create_index(
+        "ix_jobs_batch_active",
+        "jobs",
+        columns,
+        postgresql_where=sa.text("status IN ('queued', 'running') AND batch_id IS NOT NULL"),
+        sqlite_where=sa.text("status IN ('queued', 'running') AND batch_id IS NOT NULL"),
+    )
 
 
 def downgrade() -> None:
+    _active_lines(["batch_id"])
     op.drop_index("ix_engine_speeds_model", table_name="engine_speeds")
     op.drop_table("engine_speeds")
     op.drop_column("batches", "estimate")

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from inferq.store import text_codec
 
+# inferq's transactions are a few statements sent together, never a conversation: a
+# session idle inside one for this long belongs to a process that has stopped (SIGSTOP, a
+# debugger, a VM paused). Postgres ends it, so the rows it locked (a batch's lines, a job
+# being cancelled) are not held from every other process until it wakes; it then finds
+# its connection gone and writes again, as after a database restart.
+IDLE_IN_TRANSACTION_S = 15
 
-def make_engine(database_url: str, *, pool_size: int = 10) -> Engine:
+
+def make_engine(
+    database_url: str, *, pool_size: int = 10, idle_in_transaction_s: int = IDLE_IN_TRANSACTION_S
+) -> Engine:
     """An engine whose pooled connections are checked before use, so a database restart
     costs one failed attempt at most rather than a pool full of dead connections."""
     if database_url.startswith("sqlite"):
@@ -20,7 +31,7 @@ def make_engine(database_url: str, *, pool_size: int = 10) -> Engine:
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(
+    engine = create_engine(
         database_url,
         pool_size=pool_size,
         max_overflow=pool_size,
@@ -29,10 +40,21 @@ def make_engine(database_url: str, *, pool_size: int = 10) -> Engine:
         json_serializer=text_codec.dumps,
         json_deserializer=text_codec.loads,
     )
+    event.listen(engine, "connect", partial(_postgres_settings, idle_s=idle_in_transaction_s))
+    return engine
 
 
 def make_sessions(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def _postgres_settings(dbapi_connection: object, _record: object, *, idle_s: int) -> None:
+    # A SET, not a startup option, so that it passes through pgbouncer; committed, or the
+    # pool's first rollback would undo it.
+    cursor = dbapi_connection.cursor()  # type: ignore[attr-defined]
+    cursor.execute(f"SET idle_in_transaction_session_timeout = '{int(idle_s)}s'")
+    cursor.close()
+    dbapi_connection.commit()  # type: ignore[attr-defined]
 
 
 def _sqlite_pragmas(dbapi_connection: object, _record: object) -> None:

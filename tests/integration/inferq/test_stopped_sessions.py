@@ -1,0 +1,49 @@
+"""A process stopped inside a transaction (SIGSTOP, a paused VM) does not hold the rows it
+locked from everyone else: Postgres ends its session, and it writes again once it wakes."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from sqlalchemy import text
+
+from inferq.domain.jobs import JobStatus
+from inferq.exceptions import StoreUnavailable
+from inferq.store.base import _translated
+from inferq.store.engine import make_engine, make_sessions
+from inferq.store.jobs import JobStore
+from tests.helpers.clock import Clock
+from tests.helpers.jobs import create_jobs
+from tests.integration.inferq.test_store import _spec
+
+
+def test_a_cancel_goes_through_a_lock_held_by_a_stopped_session(
+    database_url: str, clock: Clock
+) -> None:
+    stalled = make_engine(database_url, pool_size=1, idle_in_transaction_s=1)
+    other = make_engine(database_url, pool_size=1)
+    store = JobStore(make_sessions(other), clock=clock)
+    [job] = create_jobs(store, [_spec()], queue="interactive")
+    try:
+        # A worker's write, stopped between its statements with the job's row locked.
+        held = stalled.connect()
+        held.begin()
+        held.execute(text("SELECT id FROM jobs WHERE id = :id FOR UPDATE"), {"id": job.id})
+
+        cancelled: list[JobStatus] = []
+        cancel = threading.Thread(
+            target=lambda: cancelled.append(store.cancel_job(job.id).status), daemon=True
+        )
+        cancel.start()
+        cancel.join(60)
+        assert cancelled == [JobStatus.CANCELLED]
+
+        # Woken, the stalled writer finds its session gone: the error the workers
+        # already handle as a lost database, and nothing it had not committed is kept.
+        with pytest.raises(StoreUnavailable), _translated():
+            held.execute(text("SELECT 1"))
+        assert store.get_job(job.id).status is JobStatus.CANCELLED
+    finally:
+        stalled.dispose()
+        other.dispose()

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Generic, NamedTuple, Protocol, TypeVar, overload
 
-from sqlalchemy import Connection, Engine, Select
+from sqlalchemy import Connection, Engine, Select, text
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 
@@ -69,8 +69,12 @@ class Store:
     @contextmanager
     def _reading(self) -> Iterator[Session]:
         """A session outside an explicit transaction, for a long read through a
-        server-side cursor."""
+        server-side cursor. It locks no rows, and may wait on a slow client between its
+        fetches for as long as the client takes: Postgres does not end it as idle (see
+        `inferq.store.engine`)."""
         with _translated(), self._sessions() as session:
+            if self._engine.dialect.name == "postgresql":
+                session.execute(text("SET LOCAL idle_in_transaction_session_timeout = 0"))
             yield session
 
 

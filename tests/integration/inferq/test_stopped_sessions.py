@@ -1,16 +1,19 @@
 """A process stopped inside a transaction (SIGSTOP, a paused VM) does not hold the rows it
-locked from everyone else: Postgres ends its session, and it writes again once it wakes."""
+locked from everyone else: Postgres ends its session, and it writes again once it wakes. A
+long read for a slow client is not ended so."""
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import text
 
 from inferq.domain.jobs import JobStatus
 from inferq.exceptions import StoreUnavailable
-from inferq.store.base import _translated
+from inferq.store.base import Store, _translated
 from inferq.store.engine import make_engine, make_sessions
 from inferq.store.jobs import JobStore
 from tests.helpers.clock import Clock
@@ -47,3 +50,23 @@ def test_a_cancel_goes_through_a_lock_held_by_a_stopped_session(
     finally:
         stalled.dispose()
         other.dispose()
+
+
+class _Reader(Store):
+    def numbers(self, count: int) -> Iterator[int]:
+        """What the batch downloads do: a read through a server-side cursor, a row a fetch."""
+        query = text(f"SELECT generate_series(1, {count})").execution_options(yield_per=1)
+        with self._reading() as session:
+            for row in session.execute(query):
+                yield row[0]
+
+
+def test_a_read_for_a_slow_client_is_not_ended_as_idle(database_url: str) -> None:
+    engine = make_engine(database_url, pool_size=1, idle_in_transaction_s=1)
+    try:
+        read = _Reader(make_sessions(engine)).numbers(3)
+        first = next(read)
+        time.sleep(2.5)  # the client: slower than the idle limit between two fetches
+        assert [first, *read] == [1, 2, 3]
+    finally:
+        engine.dispose()

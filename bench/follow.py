@@ -3,6 +3,7 @@ the API's CPU per follower.
 
     python -m bench.follow                          # 20,000 lines, 10 followers
     python -m bench.follow --lines 2000 --followers 10 --rounds 1
+    python -m bench.follow --no-closing             # without the last batch alone
 
 One deployment on the real engine (the bench model and engine settings of bench.compare).
 A batch of `--lines` lines of the bench workload runs without followers, then the same
@@ -47,6 +48,13 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--lines", type=int, default=20_000)
     parser.add_argument("--followers", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--closing",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a batch without followers after the last followed one (--no-closing: on a "
+        "slow machine, a 20,000-line batch less)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     return parser.parse_args()
 
@@ -130,6 +138,8 @@ def main() -> None:
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     plan = [0, *[n for _ in range(args.rounds) for n in (args.followers, 0)]]
+    if not args.closing:
+        plan.pop()
     requests = workload.bulk(
         tokenizer, args.lines, context=engine["max_model_len"], seed=workload.SEED + 200
     )

@@ -132,6 +132,19 @@ def summary(samples: list[Sample], *, created: datetime, ended: datetime) -> dic
     result["within_goal"] = result["max_abs_error_from_10pct"] is not None and (
         result["max_abs_error_from_10pct"] <= GOAL
     )
+    # Where the error came from: about forty samples, evenly spread, with what the estimate
+    # was made of then.
+    shown = [s for s in samples if s.estimate is not None]
+    result["trace"] = [
+        {
+            "s": round((s.at - created).total_seconds(), 1),
+            "ended": s.ended,
+            "error": error(s),
+            **{k: s.estimate.get(k) for k in ("output_tokens", "tokens_per_s", "tokens_ahead")},
+        }
+        for s in shown[:: max(1, len(shown) // 40)]
+        if s.estimate is not None
+    ]
     return result
 
 

@@ -8,22 +8,23 @@ have to spare:
 - Work is counted in the tokens the engine makes: output tokens for generation, prompt
   tokens for embeddings. A line's output is not known until it ends; it is expected at
   the share of `max_tokens` that lines generate (`output_fraction`): first as the model's
-  workers measured it on everything they ran, then, as the batch's own lines end, as
-  they generated (all theirs once 5% of the lines have ended).
+  workers measured it on everything they ran, then as the batch's own lines generated.
+  The lines that end first are the batch's shortest (they started together with longer
+  ones), so their share raises the expectation at once (theirs alone once 5% of the
+  lines have ended) but lowers it only as the batch's lines end (by the share ended).
 - The work before it: every in-progress batch of the model created before it (batch lines
   leave Redis first in, first out, whatever their priority; priority only orders what the
   engine already holds), and single jobs, which always go first: their rate over the last
   minute is taken from the rate the batch gets.
 - The rate: the sum of the model's workers' measured rates (a worker reports every few
-  seconds; one silent for `LIVE_S` is gone). With none live (scaled to zero, or not yet
-  started) the newest measurement stands for the one worker that will take the work.
+  seconds over a window of two minutes, so the rate follows what shares the engine and
+  the host; one silent for `LIVE_S` is gone). With none live (scaled to zero, or not yet
+  started) the newest measurement stands for the one worker that will take the work. A
+  batch's own pace is not used: measured in the tokens of its ended lines it lags while
+  its lines run together, and falls to nothing while it waits behind another batch.
 - Its last lines: they run with the engine emptying, at a step a token however few of
   them are left, so the longest line's expected tokens at the step time the workers
   measured with few sequences in the engine come on top.
-- Once the batch runs, its own pace: the work it did from one estimate to the next
-  (smoothed, `PACE_WEIGHT`) stands for its remaining work, the work before it being
-  done. It holds what the workers' rate cannot know: what else shares the engine and
-  the host's cores, and lines longer or shorter than the model's.
 
 The interval says how wrong the estimate may be: the rate may be off by `RATE_SHARE`
 either way (the earliest is the expected time less that share of it), and the lines may
@@ -51,9 +52,6 @@ UNMEASURED_FRACTION = 1.0
 # however busy the interactive side, batch lines get the slots the engine keeps for them.
 MAX_INTERACTIVE_SHARE = 0.9
 RATE_SHARE = 0.25
-# How much the newest interval counts in a running batch's pace (the rest: the pace
-# before it), so the pace follows a change in load within a few passes.
-PACE_WEIGHT = 0.5
 GENERATE = "generate"
 
 
@@ -118,10 +116,6 @@ class Estimate:
     tokens_ahead: int
     """Work queued before it (tokens), expected."""
     made_at: datetime
-    done_tokens: int = 0
-    """The work it had done then (its `output_tokens`; embeddings: `input_tokens`)."""
-    pace_tokens_per_s: float | None = None
-    """Its own pace, once seen running at two estimates."""
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = dataclasses.asdict(self)
@@ -131,13 +125,15 @@ class Estimate:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Estimate:
-        values = dict(data)
+        # Estimates kept by earlier versions carry fields since dropped (a batch's pace).
+        values = {name: value for name, value in data.items() if name in _FIELDS}
         for name in _TIMES:
             values[name] = datetime.fromisoformat(values[name])
         return cls(**values)
 
 
 _TIMES = ("completion_at", "earliest_at", "latest_at", "made_at")
+_FIELDS = frozenset(field.name for field in dataclasses.fields(Estimate))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,18 +177,14 @@ def estimate(
     speed: ModelSpeed | None,
     runner: str,
     now: datetime,
-    previous: Estimate | None = None,
 ) -> Estimate | None:
-    """When `work` ends, with the batches in `ahead` run first at `speed`, or, once it runs,
-    at the pace it has kept since its `previous` estimates; None while nothing has been
-    measured (no worker has ever run its model)."""
-    generate = runner == GENERATE
-    done = work.output_tokens if generate else work.input_tokens
-    pace = _pace(previous, done=done, now=now)
-    if pace is None and (speed is None or speed.batch_tokens_per_s <= 0):
+    """When `work` ends, with the batches in `ahead` run first at `speed`; None while
+    nothing has been measured (no worker has ever run its model)."""
+    if speed is None or speed.batch_tokens_per_s <= 0:
         return None
+    generate = runner == GENERATE
     model_fraction = UNMEASURED_FRACTION
-    if speed is not None and speed.output_fraction is not None:
+    if speed.output_fraction is not None:
         model_fraction = speed.output_fraction
 
     def left(batch: BatchWork) -> float:
@@ -204,20 +196,15 @@ def estimate(
     tokens_ahead = sum(left(batch) for batch in ahead)
     own = left(work)
     worst_own = _remaining_max_tokens(work) if generate else own
-    if pace is not None and pace.tokens_per_s > 0:
-        # Running: its own pace holds whatever shares the engine with it.
-        rate, before = pace.tokens_per_s, 0.0
-    else:
-        assert speed is not None
-        rate, before = speed.batch_tokens_per_s, tokens_ahead
+    rate = speed.batch_tokens_per_s
     # Its last lines run with the engine emptying, a step a token however few they are.
     tail_s = 0.0
-    if generate and work.remaining_lines and speed is not None and speed.step_s is not None:
+    if generate and work.remaining_lines and speed.step_s is not None:
         longest = work.longest_tokens * _fraction(work, model_fraction=model_fraction)
         tail_s = longest * speed.step_s
-    expected_s = (before + own) / rate + tail_s
-    latest_s = (before + worst_own) / rate + work.longest_tokens * (
-        speed.step_s if generate and speed is not None and speed.step_s is not None else 0.0
+    expected_s = (tokens_ahead + own) / rate + tail_s
+    latest_s = (tokens_ahead + worst_own) / rate + work.longest_tokens * (
+        speed.step_s if generate and speed.step_s is not None else 0.0
     )
     return Estimate(
         completion_at=now + timedelta(seconds=expected_s),
@@ -231,28 +218,7 @@ def estimate(
         tokens_per_s=rate,
         tokens_ahead=round(tokens_ahead),
         made_at=now,
-        done_tokens=done,
-        pace_tokens_per_s=None if pace is None else pace.tokens_per_s,
     )
-
-
-@dataclass(frozen=True)
-class _Pace:
-    tokens_per_s: float
-
-
-def _pace(previous: Estimate | None, *, done: int, now: datetime) -> _Pace | None:
-    """The batch's own pace (tokens a second) from one estimate to the next, smoothed;
-    None until it has been seen running at two of them."""
-    if previous is None or previous.done_tokens <= 0:  # not yet running then
-        return None
-    seconds = (now - previous.made_at).total_seconds()
-    if seconds <= 0:
-        return None if previous.pace_tokens_per_s is None else _Pace(previous.pace_tokens_per_s)
-    latest = max(done - previous.done_tokens, 0) / seconds
-    if previous.pace_tokens_per_s is None:
-        return _Pace(latest)
-    return _Pace(PACE_WEIGHT * latest + (1 - PACE_WEIGHT) * previous.pace_tokens_per_s)
 
 
 def _remaining_max_tokens(batch: BatchWork) -> float:
@@ -261,9 +227,14 @@ def _remaining_max_tokens(batch: BatchWork) -> float:
 
 def _fraction(batch: BatchWork, *, model_fraction: float) -> float:
     """The share of `max_tokens` the batch's remaining lines are expected to generate:
-    the model's, moving to the batch's own as its lines succeed."""
+    the model's, moving to the batch's own as its lines succeed. Its ended lines are its
+    shortest so far: a share above the model's counts fully once `OWN_SHARE` of the
+    lines have ended; one below it only by the share of the lines ended."""
     if batch.succeeded == 0 or batch.max_tokens == 0:
         return model_fraction
-    own = batch.output_tokens / (batch.max_tokens * batch.succeeded / batch.lines)
-    weight = min(1.0, batch.succeeded / max(OWN_SHARE * batch.lines, 1))
-    return weight * min(own, 1.0) + (1 - weight) * model_fraction
+    own = min(batch.output_tokens / (batch.max_tokens * batch.succeeded / batch.lines), 1.0)
+    if own >= model_fraction:
+        weight = min(1.0, batch.succeeded / max(OWN_SHARE * batch.lines, 1))
+    else:
+        weight = batch.ended / max(batch.lines, 1)
+    return weight * own + (1 - weight) * model_fraction

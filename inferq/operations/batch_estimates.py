@@ -58,7 +58,6 @@ class BatchEstimates:
                         speed=speed,
                         runner=runner,
                         now=now,
-                        previous=item.estimate,
                     )
         self._work.save_estimates(made)
         return made

@@ -20,8 +20,6 @@ class ModelWork:
 
     model: str | None
     work: BatchWork
-    # What it was last told (the pace it has kept is measured from it).
-    estimate: Estimate | None
 
 
 class BatchWorkStore(Store):
@@ -40,7 +38,6 @@ class BatchWorkStore(Store):
                 BatchRow.line_longest_tokens,
                 BatchRow.input_tokens,
                 BatchRow.output_tokens,
-                BatchRow.estimate,
             )
             .where(BatchRow.status == BatchStatus.IN_PROGRESS.value)
             .order_by(BatchRow.created_at, BatchRow.id)
@@ -61,7 +58,6 @@ class BatchWorkStore(Store):
                         input_tokens=row.input_tokens,
                         output_tokens=row.output_tokens,
                     ),
-                    estimate=None if row.estimate is None else Estimate.from_dict(row.estimate),
                 )
                 for row in session.execute(query)
             ]

@@ -123,15 +123,26 @@ def test_a_gone_worker_is_not_counted_but_stands_in_when_none_is_live() -> None:
     assert gone.tokens_per_s == 400
 
 
-def test_its_own_lines_take_over_from_the_models_fraction_as_they_end() -> None:
-    # The model's lines generate half their max_tokens; this batch's, a tenth.
-    early = made(work(lines=1000, ended=10, output_tokens=100), speed())
+def test_longer_lines_than_the_models_count_as_soon_as_5_percent_have_ended() -> None:
+    # The model's lines generate half their max_tokens; this batch's run to the end.
+    early = made(work(lines=1000, ended=10, output_tokens=10 * 100), speed())
+    assert 0.5 < early.output_tokens / early.output_tokens_max < 1.0
+    running = made(work(lines=1000, ended=50, output_tokens=50 * 100), speed())
+    assert running.output_tokens == running.output_tokens_max == 100_000
+    assert seconds_to(running.completion_at) == pytest.approx(95.0)
+
+
+def test_shorter_lines_than_the_models_count_only_by_the_share_ended() -> None:
+    # The lines that end first are the shortest: a tenth of the lines generated a tenth of
+    # their max_tokens while the model's generate half. The rest are expected between.
     running = made(work(lines=1000, ended=100, output_tokens=1000), speed())
-    assert 0.1 < early.output_tokens / early.output_tokens_max < 0.5
-    # Past 5% of its lines, the batch's own share alone.
-    assert running.output_tokens == 1000 + round(900 * 100 * 0.1)
+    fraction = 0.1 * 0.1 + 0.9 * 0.5
+    assert running.output_tokens == 1000 + round(900 * 100 * fraction)
     assert running.output_tokens_max == 1000 + 900 * 100
-    assert seconds_to(running.completion_at) == pytest.approx(9.0)
+    assert seconds_to(running.completion_at) == pytest.approx(900 * 100 * fraction / 1000)
+    # Near its end, the batch's own share.
+    late = made(work(lines=1000, ended=900, output_tokens=9000), speed())
+    assert late.output_tokens == 9000 + round(100 * 100 * (0.9 * 0.1 + 0.1 * 0.5))
 
 
 def test_unmeasured_lengths_are_taken_at_their_max_tokens() -> None:
@@ -155,58 +166,35 @@ def test_an_estimate_keeps_through_json() -> None:
     assert Estimate.from_dict(result.to_dict()) == result
 
 
-def test_once_running_its_own_pace_takes_over_from_the_workers_rate() -> None:
-    # The workers say 1,000 tokens/s, but this batch gets 250 (the host's cores are shared).
-    speeds = ModelSpeed.of([speed()], now=NOW)
-    first = estimate(
-        work(lines=1000, ended=100, output_tokens=5000),
-        ahead=(),
-        speed=speeds,
-        runner="generate",
-        now=NOW,
-    )
-    assert first is not None
-    assert first.pace_tokens_per_s is None
-    second = estimate(
-        work(lines=1000, ended=200, output_tokens=10_000),
-        ahead=(work("a"),),
-        speed=speeds,
-        runner="generate",
-        now=NOW + timedelta(seconds=20),
-        previous=first,
-    )
-    assert second is not None
-    assert second.pace_tokens_per_s == pytest.approx(250)
-    # 800 lines of 50 tokens left at its pace; what was ahead of it has run.
-    assert (second.completion_at - second.made_at).total_seconds() == pytest.approx(160)
-    # The pace follows a change, a share at a time.
-    third = estimate(
-        work(lines=1000, ended=400, output_tokens=20_000),
-        ahead=(),
-        speed=speeds,
-        runner="generate",
-        now=NOW + timedelta(seconds=30),
-        previous=second,
-    )
-    assert third is not None
-    assert third.pace_tokens_per_s == pytest.approx((1000 + 250) / 2)
+def test_an_estimate_kept_by_an_earlier_version_still_reads() -> None:
+    kept = made(work(), speed()).to_dict() | {"done_tokens": 500, "pace_tokens_per_s": 2.0}
+    assert Estimate.from_dict(kept) == made(work(), speed())
 
 
-def test_a_batch_not_yet_running_keeps_the_workers_rate() -> None:
+def test_a_running_batch_behind_another_keeps_its_place_while_none_of_its_lines_end() -> None:
+    # A few of its lines ran beside the batch ahead's last ones; then none end for a minute
+    # while the batch ahead runs. Each pass the end comes no later than the pass before
+    # said (measured on the bench, a batch's pace put it 43 times its length too late).
+    ahead = [
+        work("a", lines=1500, ended=ended, output_tokens=ended * 50)
+        for ended in (100, 400, 700, 1000)
+    ]
+    mine = work(lines=200, ended=8, output_tokens=8 * 50)
     speeds = ModelSpeed.of([speed()], now=NOW)
-    waiting = estimate(work(), ahead=(work("a"),), speed=speeds, runner="generate", now=NOW)
-    again = estimate(
-        work(),
-        ahead=(work("a"),),
-        speed=speeds,
-        runner="generate",
-        now=NOW + timedelta(seconds=15),
-        previous=waiting,
-    )
-    assert again is not None
-    assert again.pace_tokens_per_s is None
-    assert again.tokens_per_s == 1000
-    assert (again.completion_at - again.made_at).total_seconds() == pytest.approx(10)
+    ends = []
+    for seconds, batch_ahead in zip((0, 15, 30, 45), ahead, strict=True):
+        result = estimate(
+            mine,
+            ahead=(batch_ahead,),
+            speed=speeds,
+            runner="generate",
+            now=NOW + timedelta(seconds=seconds),
+        )
+        assert result is not None
+        assert result.tokens_per_s == 1000
+        ends.append(result.completion_at)
+    # The batch ahead ran 300 lines of 50 tokens (15 s) in each 15 s: the end holds still.
+    assert [seconds_to(end) for end in ends] == pytest.approx([seconds_to(ends[0])] * 4)
 
 
 def test_its_longest_line_keeps_the_engine_after_the_rest() -> None:

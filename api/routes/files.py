@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from email.utils import encode_rfc2231
 from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Query, UploadFile
@@ -100,8 +101,19 @@ def file_content(file_id: str, files: FileOpsDep, principal: PrincipalDep) -> St
     return StreamingResponse(
         files.content(file),
         media_type="application/octet-stream",
-        headers={"Content-Disposition": f'attachment; filename="{file.filename}"'},
+        headers={"Content-Disposition": attachment(file.filename)},
     )
+
+
+def attachment(filename: str) -> str:
+    """The `Content-Disposition` of a download named `filename`, whatever it holds (quotes,
+    NUL, any script): the name itself as UTF-8 in `filename*` (RFC 6266), and for clients
+    that read only `filename`, the name with every character outside printable ASCII, `"`
+    and `\\` made `_`."""
+    plain = "".join(c if " " <= c <= "~" and c not in '"\\' else "_" for c in filename)
+    if plain == filename:
+        return f'attachment; filename="{filename}"'
+    return f'attachment; filename="{plain}"; filename*={encode_rfc2231(filename, "utf-8")}'
 
 
 @router.delete("/{file_id}", response_model=FileDeleted, responses=error_responses(404))

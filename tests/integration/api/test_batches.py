@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 import time
+from email.message import Message
+from email.utils import collapse_rfc2231_value
 from typing import Any
 
 import pytest
@@ -365,6 +367,23 @@ def test_files_and_batches_list_page_and_delete(stack: Stack) -> None:
     with pytest.raises(NotFoundError):
         client.files.retrieve(ids[0])
     assert wait_for(client, batches[0]).status == "completed"  # its lines were already queued
+
+
+@pytest.mark.parametrize("name", ["数据.jsonl", "a\\b;c.jsonl", "plain.jsonl"])
+def test_a_file_downloads_under_the_name_it_was_uploaded_with(stack: Stack, name: str) -> None:
+    client = client_for(stack)
+    file_id = upload(client, [chat_line(0)], name=name)
+    assert client.files.retrieve(file_id).filename == name
+    content = client.files.with_raw_response.content(file_id)
+    assert content.status_code == 200
+    assert json.loads(content.content) == chat_line(0)
+    header = Message()
+    header["Content-Disposition"] = content.headers["Content-Disposition"]
+    names = [v for k, v in header.get_params(header="content-disposition") or () if k == "filename"]
+    # A plain name for every client, and the name itself (`filename*`) for those of RFC 6266.
+    assert isinstance(names[0], str)
+    assert names[0].isascii()
+    assert collapse_rfc2231_value(names[-1]) == name
 
 
 def test_another_tenant_sees_none_of_it(stack: Stack) -> None:

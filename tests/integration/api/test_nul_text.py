@@ -93,4 +93,9 @@ def test_a_file_name_with_a_raw_nul_is_kept(stack: Stack) -> None:
         )
         assert uploaded.status_code == 200, uploaded.text
         read = client.get(f"/v1/files/{uploaded.json()['id']}")
+        download = client.get(f"/v1/files/{uploaded.json()['id']}/content")
     assert read.json()["filename"] == "nul\x00.jsonl"
+    assert download.status_code == 200
+    assert download.headers["Content-Disposition"] == (
+        "attachment; filename=\"nul_.jsonl\"; filename*=utf-8''nul%00.jsonl"
+    )

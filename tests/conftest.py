@@ -40,6 +40,7 @@ from tests.helpers.processes import (
     start_worker,
     wait_worker_ready,
 )
+from tests.helpers.servers import RedisServer, redis_server
 
 # vLLM on a CPU pins each engine's worker process to one core by default, the same core for
 # every engine (seen here: core 0 of 2, the other "reserved"), so the engines of the two test
@@ -294,12 +295,16 @@ def deployment(tiny_model: Path, pg_template: str, tmp_path: Path) -> Iterator[D
 
 
 @pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[str]:
-    """A Redis server of this test's own (request it before `deployment`)."""
-    from tests.helpers.servers import redis_server
+def own_redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis server of this test's own, to kill and start again."""
+    with redis_server(tmp_path) as server:
+        yield server
 
-    with redis_server(tmp_path) as url:
-        yield url
+
+@pytest.fixture
+def own_redis(own_redis_server: RedisServer) -> str:
+    """The URL of a Redis server of this test's own (request it before `deployment`)."""
+    return own_redis_server.url
 
 
 @pytest.fixture

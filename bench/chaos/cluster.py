@@ -12,13 +12,10 @@ import os
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import redis
 
 from bench.chaos.receiver import Receiver
 from bench.stack import demo_model
@@ -31,48 +28,13 @@ from tests.helpers.processes import (
     log_contains,
     start_worker,
 )
-from tests.helpers.servers import PostgresServer
+from tests.helpers.servers import PostgresServer, RedisServer
 
 MODEL_NAME = "tiny"
 ADMIN_KEY = "iq_chaos_" + "0" * 32
 # A request with this seed kills the engine core it enters (tests/helpers/faulty_worker.py).
 POISON_SEED = 666
 LEASE_S = 10
-
-
-@dataclass
-class _Redis:
-    """A Redis that keeps nothing: restarting it drops every key."""
-
-    workdir: Path
-    port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
-        self.process = subprocess.Popen(
-            [*argv, "--save", "", "--appendonly", "no", "--dir", str(self.workdir)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                redis.Redis.from_url(self.url).ping()
-                return
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def kill(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait(10)
 
 
 class Cluster:
@@ -85,7 +47,7 @@ class Cluster:
         pg_dir = workdir / "postgres"
         pg_dir.mkdir(exist_ok=True)
         self.postgres = PostgresServer(pg_dir)
-        self.redis = _Redis(workdir)
+        self.redis = RedisServer(workdir)
         self.receiver = Receiver()
         self.api_ports = [free_port(), free_port()]
         self.apis: list[ServiceProcess | None] = [None, None]

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from celery import Celery
 from kombu import Exchange, Queue
 
+from inferq.broker.redis_transport import TRANSPORT as REDIS_TRANSPORT
 from inferq.constants import (
     DELIVER_WEBHOOKS_TASK,
     FINALIZE_BATCH_TASK,
@@ -84,6 +85,9 @@ def make_celery(
             "queue_order_strategy": "priority",
         },
         broker_connection_retry_on_startup=True,
+        # Redis's, with a connection let go after a failure failing as a lost connection
+        # (which Celery rides out) rather than as a bug (which ends the worker).
+        broker_transport=REDIS_TRANSPORT,
         task_queues=[_queue(q) for q in (*model_queues, *SERVICE_QUEUES)],
         task_routes={
             MAINTAIN_TASK: {"queue": MAINTENANCE_QUEUE},

@@ -3,13 +3,15 @@ one result. Each test runs its own server to flush or restart."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import redis
 
 from inferq.domain.jobs import JobStatus
 from tests.fault.conftest import DeploymentFactory
 from tests.helpers.processes import log_contains
-from tests.helpers.servers import PostgresServer
+from tests.helpers.servers import PostgresServer, RedisServer
 
 pytestmark = pytest.mark.engine
 
@@ -35,6 +37,39 @@ def test_flushall_on_redis_mid_run_loses_nothing(
     assert queued > 20  # the flush took their messages
     assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 300
     assert all(j.result is not None and j.result.completion_tokens == 200 for j in jobs)
+
+
+def test_redis_restarted_empty_leaves_the_worker_serving_and_loses_nothing(
+    own_redis_server: RedisServer, deployment: DeploymentFactory
+) -> None:
+    """Redis stopped and started again without its data (an upgrade, a failover without
+    persistence), five times while jobs run: the GPU worker reconnects in the same
+    process, its engine loaded, and every job ends."""
+    deployed = deployment(redis_url=own_redis_server.url)
+    worker = deployed.start_worker("gpu-a")
+    ids = deployed.submit(_bodies(60, 100))
+    deployed.wait_done_and_running(ids, 5)
+    for restart in range(1, 6):
+        own_redis_server.kill()
+        own_redis_server.start()
+        # Raises if the worker exits instead.
+        worker.wait_until(
+            lambda restart=restart: _connections(worker.log_path) > restart,
+            timeout_s=120,
+            what=f"reconnected after restart {restart}",
+        )
+    more = deployed.submit(_bodies(5, 8))
+    jobs = deployed.wait_all_ended([*ids, *more])
+
+    assert worker.alive()
+    assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 65
+    assert all(j.result is not None for j in jobs)
+
+
+def _connections(log: Path) -> int:
+    """How often the worker's consumer has connected to its broker."""
+    lines = log.read_text(errors="replace").splitlines()
+    return sum(1 for line in lines if "consumer.connection" in line and "Connected to" in line)
 
 
 def test_a_postgres_restart_mid_write_loses_nothing_and_fails_nothing(

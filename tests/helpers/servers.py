@@ -16,42 +16,52 @@ import redis
 from tests.helpers.processes import free_port
 
 
-@contextmanager
-def redis_server(workdir: Path) -> Iterator[str]:
-    """A Redis of the test's own; yields its URL."""
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(workdir),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
+class RedisServer:
+    """A Redis of its own that keeps nothing on disk: stopped and started again (on the same
+    port), it comes back empty, as a Redis restarted without persistence does."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
+        self.process = subprocess.Popen(
+            [*argv, "--save", "", "--appendonly", "no", "--dir", str(self.workdir)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 10
         while True:
             try:
-                redis.Redis.from_url(url).ping()
-                break
+                redis.Redis.from_url(self.url).ping()
+                return
             except redis.ConnectionError:
                 if time.monotonic() > deadline:
                     raise
-                time.sleep(0.1)
-        yield url
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(10)
+            self.process = None
+
+
+@contextmanager
+def redis_server(workdir: Path) -> Iterator[RedisServer]:
+    """A Redis of the test's own, started."""
+    server = RedisServer(workdir)
+    server.start()
+    try:
+        yield server
     finally:
-        process.kill()
-        process.wait(10)
+        server.kill()
 
 
 def _pg_bin(name: str) -> str:

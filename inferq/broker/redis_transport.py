@@ -1,0 +1,37 @@
+"""kombu's Redis transport, with a connection that has been let go failing as a lost
+connection rather than as a bug.
+
+When its broker goes away, Celery collects the broken connection, which detaches the
+transport from its client. Whatever then touches one of that connection's channels (Celery
+5.7.0 closes it a second time; a job's late acknowledgement comes after the reconnect)
+needs Redis again, and kombu, building a client from the detached transport, raises
+AttributeError. Celery takes that for an unrecoverable error and the worker exits: a GPU
+worker's engine is then loaded again from scratch (minutes for a large model). The chaos
+run saw it on every Redis restart (bench/chaos). Raised as Redis's ConnectionError, it is
+what Celery and kombu already handle there: the close is ignored, the acknowledgement is
+logged and dropped (the message comes back after its visibility timeout, or, when Redis
+lost it, from Postgres at the next maintenance pass; a job runs once either way: results
+are written once), and the worker reconnects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kombu.transport import redis as kombu_redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+# For `broker_transport`: kombu takes the class by this path.
+TRANSPORT = "inferq.broker.redis_transport:Transport"
+
+
+class Channel(kombu_redis.Channel):  # type: ignore[misc]
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        if self.connection.client is None:
+            raise RedisConnectionError("this broker connection was closed after a failure")
+        params: dict[str, Any] = super()._connparams(asynchronous=asynchronous)
+        return params
+
+
+class Transport(kombu_redis.Transport):  # type: ignore[misc]
+    Channel = Channel

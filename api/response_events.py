@@ -17,7 +17,7 @@ from typing import Any
 from sse_starlette import ServerSentEvent
 
 from api.streams import DONE, Followed, holds_output
-from api.token_follower import Ended, OutputRestarted
+from api.token_follower import Ended, StreamBroken
 from inferq.domain.jobs import Job, JobStatus
 from inferq.wire.response_objects import (
     ResponseState,
@@ -66,8 +66,8 @@ async def response_events(followed: Followed, *, job: Job) -> AsyncIterator[Serv
             for delta in [] if held else item:
                 for sent in message.delta(delta.text, delta.logprobs):
                     yield sent
-    except OutputRestarted as exc:
-        yield event("error", code="restarted", message=exc.message, param=None)
+    except StreamBroken as exc:
+        yield event("error", code=exc.code, message=exc.message, param=None)
     yield DONE
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from api.errors import ended_error, error_body, error_json
-from api.token_follower import Ended, OutputRestarted
+from api.token_follower import Ended, StreamBroken
 from inferq.broker.token_stream import ChoiceDelta
 from inferq.domain.jobs import Choice, Job
 from inferq.wire.openai_format import chat_role_choice, chunk, chunk_choice, tool_call, usage
@@ -88,8 +88,8 @@ async def openai_chunks(
                 )
                 offsets[delta.index] += len(delta.text)
                 yield render([choice])
-    except OutputRestarted as exc:
-        yield _json(error_body(exc.message, type_="server_error", code="restarted"))
+    except StreamBroken as exc:
+        yield _json(error_body(exc.message, type_="server_error", code=exc.code))
     yield DONE
 
 
@@ -110,8 +110,8 @@ async def job_deltas(followed: Followed, *, job: Job) -> AsyncIterator[str]:
                 for d in item
             ]
             yield _json({"object": "job.delta", "id": job.id, "choices": choices})
-    except OutputRestarted as exc:
-        yield _json(error_body(exc.message, type_="server_error", code="restarted"))
+    except StreamBroken as exc:
+        yield _json(error_body(exc.message, type_="server_error", code=exc.code))
     yield DONE
 
 

@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.grouping import Grouped
 from api.ratelimit import RateLimiter
+from api.token_follower import riding_out
 from api.waiter import JobWaiter, ReadJob
 from inferq.domain.api_keys import Principal
 from inferq.domain.jobs import Job, JobSpec
@@ -105,8 +106,11 @@ class Submission:
     async def until_ended(
         self, job: Job, *, read: ReadJob, request: Request, scope: str | None
     ) -> Job:
-        """The job once it has ended; if the client hangs up first, it is cancelled."""
-        job = await self._waiter.until_ended(job.id, read, give_up=request.is_disconnected)
+        """The job once it has ended (waiting out a Postgres restart); if the client hangs
+        up first, it is cancelled."""
+        job = await self._waiter.until_ended(
+            job.id, riding_out(read), give_up=request.is_disconnected
+        )
         if not job.status.is_terminal:
             await self.cancel_abandoned(job.id, scope=scope)
         return job

@@ -7,10 +7,18 @@ Between reads that bring nothing the job is read from Postgres, which tells a jo
 ended without more tokens (cancelled, failed). A job that was not streamed, a stream
 that expired or a gap in one (entries trimmed or lost) is followed through Postgres: its
 output, or the rest of it, comes once the job has ended.
+
+Postgres restarting does not end a stream (nor an online request's wait: `riding_out`):
+the job goes on, and its reads wait for Postgres for up to `STORE_OUTAGE_S`. Longer, or a
+run lost after output was sent, and the stream ends with an error event that says so
+(`StreamBroken`), never cut without one.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -20,15 +28,37 @@ from redis.exceptions import RedisError
 from api.waiter import RECHECK_S, JobWaiter, ReadJob
 from inferq.broker.token_stream import ChoiceDelta, decode_entry, tokens_key
 from inferq.domain.jobs import Job, JobStatus
-from inferq.exceptions import InferqError
+from inferq.exceptions import InferqError, StoreUnavailable
+
+log = logging.getLogger(__name__)
 
 # Most entries taken in one read.
 READ_ENTRIES = 512
 
 
-class OutputRestarted(InferqError):
+# How long a stream waits for Postgres to come back (a restart takes seconds).
+STORE_OUTAGE_S = 60.0
+STORE_RETRY_S = 0.5
+
+
+class StreamBroken(InferqError):
+    """A stream that cannot go on; its client is told with an error event of `code`."""
+
+    code = "stream_broken"
+
+
+class OutputRestarted(StreamBroken):
     """The job's run was lost (its worker or engine died) after some of its output had
     been sent; it is running again from the start, so the output sent so far is void."""
+
+    code = "restarted"
+
+
+class StoreOutage(StreamBroken, StoreUnavailable):
+    """The database stayed out of reach longer than a client waits for it (503 where
+    nothing was sent yet)."""
+
+    code = "store_unavailable"
 
 
 @dataclass
@@ -143,6 +173,7 @@ class TokenFollower:
         output was sent. `read` re-reads the job (in its caller's scope). `held`: the
         caller sends nothing before the end (a chat's tool calls), so the output comes
         whole from the stored result."""
+        read = riding_out(read)
         # The stored text of a job with tools is what remains once the calls are read
         # out of the generated text: it cannot be held against the tokens sent.
         progress = _Progress(job.sampling.n, checked=job.sampling.tool_choice is None)
@@ -190,3 +221,28 @@ class TokenFollower:
                 if taken is None:
                     return
                 yield taken
+
+
+def riding_out(read: ReadJob) -> ReadJob:
+    """`read` for a job a client waits on, waiting out a database outage of up to
+    `STORE_OUTAGE_S`, then raising `StoreOutage`."""
+
+    async def steady(job_id: str) -> Job:
+        deadline = time.monotonic() + STORE_OUTAGE_S
+        told = False
+        while True:
+            try:
+                return await read(job_id)
+            except StoreUnavailable as exc:
+                if not told:
+                    log.warning("job %s: waiting for the database (%s)", job_id, exc.message)
+                    told = True
+                if time.monotonic() >= deadline:
+                    raise StoreOutage(
+                        f"the database was out of reach for {STORE_OUTAGE_S:.0f} s while job "
+                        f"{job_id} was followed ({exc.message}); the job goes on: read it at "
+                        f"/v1/jobs/{job_id}"
+                    ) from exc
+                await asyncio.sleep(STORE_RETRY_S)
+
+    return steady

@@ -3,12 +3,18 @@ one result. Each test runs its own server to flush or restart."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 import redis
+from openai import OpenAI
 
+from inferq.constants import JOB_ID_PREFIX
 from inferq.domain.jobs import JobStatus
+from tests.conftest import MODEL_NAME
 from tests.fault.conftest import DeploymentFactory
 from tests.helpers.processes import log_contains
 from tests.helpers.servers import PostgresServer, RedisServer
@@ -70,6 +76,61 @@ def _connections(log: Path) -> int:
     """How often the worker's consumer has connected to its broker."""
     lines = log.read_text(errors="replace").splitlines()
     return sum(1 for line in lines if "consumer.connection" in line and "Connected to" in line)
+
+
+def test_online_requests_wait_out_a_postgres_restart(
+    own_postgres: PostgresServer, deployment: DeploymentFactory
+) -> None:
+    """A chat answered when it ends, and one streamed, both waiting on their jobs while
+    Postgres restarts: both are answered in full (found by bench/chaos: 503s and streams
+    cut without an error event at every Postgres restart)."""
+    deployed = deployment(database_url=own_postgres.url("inferq"))
+    worker = deployed.start_worker("gpu-a")
+    api = deployed.processes[0]
+    client = OpenAI(base_url=f"{deployed.url}/v1", api_key=deployed.admin_key, max_retries=0)
+    body: dict[str, Any] = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 16,
+        "extra_body": {"ignore_eos": True},
+    }
+
+    def streamed() -> tuple[str, str]:
+        chunks = list(client.chat.completions.create(**body, stream=True))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        return chunks[0].id, text
+
+    with ThreadPoolExecutor(2) as pool, worker.frozen():
+        answered = pool.submit(client.chat.completions.create, **body)
+        stream = pool.submit(streamed)
+        api.wait_until(lambda: _jobs_in(own_postgres) == 2, timeout_s=60, what="storing both")
+        own_postgres.stop(mode="immediate")
+        # Each request has found the database gone (or, failing, been answered).
+        api.wait_until(
+            lambda: answered.done() or _log_count(api.log_path, "waiting for the database") >= 2,
+            timeout_s=60,
+            what="meeting the outage",
+        )
+        own_postgres.start()
+
+    chat = answered.result(timeout=120)
+    assert chat.choices[0].finish_reason == "length"
+    assert chat.usage is not None
+    assert chat.usage.completion_tokens == 16
+    stream_id, text = stream.result(timeout=120)
+    [stored] = deployed.jobs([JOB_ID_PREFIX + stream_id.removeprefix("chatcmpl-")])
+    assert stored.result is not None
+    assert text == stored.result.choices[0].text
+
+
+def _jobs_in(server: PostgresServer) -> int:
+    with psycopg.connect(server.url("inferq").replace("+psycopg", "")) as connection:
+        row = connection.execute("SELECT count(*) FROM jobs").fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def _log_count(log: Path, text: str) -> int:
+    return log.read_text(errors="replace").count(text)
 
 
 def test_a_postgres_restart_mid_write_loses_nothing_and_fails_nothing(

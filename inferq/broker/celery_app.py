@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from celery import Celery
 from kombu import Exchange, Queue
 
-from inferq.broker.redis_transport import TRANSPORT as REDIS_TRANSPORT
+from inferq.broker import redis_transport
 from inferq.constants import (
     DELIVER_WEBHOOKS_TASK,
     FINALIZE_BATCH_TASK,
@@ -62,6 +62,9 @@ def make_celery(
     settings: BrokerSettings, *, name: str = "inferq", serving: str | None = None
 ) -> Celery:
     """The Celery app; a GPU worker's (`serving` its model) declares its model's queues."""
+    # Redis's transport, with a connection let go after a failure failing as a lost
+    # connection (which Celery rides out) rather than as a bug (which ends the worker).
+    redis_transport.install()
     app = Celery(name, broker=settings.redis_url, set_as_current=False)
     model_queues = () if serving is None else gpu_queues(serving)
     app.conf.update(
@@ -85,9 +88,6 @@ def make_celery(
             "queue_order_strategy": "priority",
         },
         broker_connection_retry_on_startup=True,
-        # Redis's, with a connection let go after a failure failing as a lost connection
-        # (which Celery rides out) rather than as a bug (which ends the worker).
-        broker_transport=REDIS_TRANSPORT,
         task_queues=[_queue(q) for q in (*model_queues, *SERVICE_QUEUES)],
         task_routes={
             MAINTAIN_TASK: {"queue": MAINTENANCE_QUEUE},

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-# For `broker_transport`: kombu takes the class by this path.
 TRANSPORT = "inferq.broker.redis_transport:Transport"
 
 
@@ -35,3 +35,11 @@ class Channel(kombu_redis.Channel):  # type: ignore[misc]
 
 class Transport(kombu_redis.Transport):  # type: ignore[misc]
     Channel = Channel
+
+
+def install() -> None:
+    """`redis://` and `rediss://` broker URLs take this transport in this process. The
+    URLs stay as they are, so what shows them (Celery's log, Flower, which picks its queue
+    reader by the URL's scheme) sees Redis."""
+    for scheme in ("redis", "rediss"):
+        TRANSPORT_ALIASES[scheme] = TRANSPORT

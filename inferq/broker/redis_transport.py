@@ -10,8 +10,8 @@ worker's engine is then loaded again from scratch (minutes for a large model). T
 run saw it on every Redis restart (bench/chaos). Raised as Redis's ConnectionError, it is
 what Celery and kombu already handle there: the close is ignored, the acknowledgement is
 logged and dropped (the message comes back after its visibility timeout, or, when Redis
-lost it, from Postgres at the next maintenance pass; a job runs once either way: results
-are written once), and the worker reconnects.
+lost it, from Postgres at the next maintenance pass; either way a job gets one result:
+results are written once), and the worker reconnects.
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ class Heartbeat:
                 runner=self._runner,
                 tokens_per_s=reading.full_tokens_per_s,
                 fallback_tokens_per_s=reading.busy_tokens_per_s,
-                step_s=reading.low_step_s,
+                step_s=reading.tail_step_s,
                 output_fraction=reading.output_fraction,
                 interactive_tokens_per_s=reading.interactive_tokens_per_s,
             )

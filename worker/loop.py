@@ -129,12 +129,16 @@ class EngineLoop:
             while not self._stopping.is_set():
                 began = time.monotonic()
                 self._apply_aborts()
+                before = len(self._in_flight)
                 self._admit_pending()
                 if self._in_flight:
                     sequences = self._sequences
+                    admitted = len(self._in_flight) > before
                     self._step()
                     # The whole turn, admission included: the rate a batch gets.
-                    self._speed.stepped(duration_s=time.monotonic() - began, sequences=sequences)
+                    self._speed.stepped(
+                        duration_s=time.monotonic() - began, sequences=sequences, admitted=admitted
+                    )
                 elif not self._admitting.is_set():
                     self._stopping.wait(IDLE_POLL_S)
                 self._sample_stats()

@@ -2,12 +2,16 @@
 count on (inferq/domain/estimates.py), reported with the heartbeat (worker/heartbeat.py).
 
 The engine loop's thread tells it, after every step, how long the loop took since the
-last one and how many sequences the engine held (each makes a token a step), and, for
-each request that ends, its tokens and `max_tokens`. Steps with the engine at least
+last one, how many sequences the engine held (each makes a token a step) and whether it
+admitted requests before the step (their prompts were filled in it), and, for each
+request that ends, its tokens and `max_tokens`. Steps with the engine at least
 `FULL_SHARE` full give the rate a large batch gets: on a GPU a step costs about the same
 at 8 sequences as at 256, so a rate taken at low load would say a batch takes far longer
-than it does. The heartbeat's thread reads it. Counts are kept in buckets of `BUCKET_S`
-over `WINDOW_S`, so memory stays bounded however fast the engine steps.
+than it does. Steps with few sequences and no prompt to fill give what a batch's last
+lines cost beyond their tokens at that rate (as the engine empties, a step makes fewer
+tokens; on a GPU it takes as long, on a CPU much less). The heartbeat's thread reads it.
+Counts are kept in buckets of `BUCKET_S` over `WINDOW_S`, so memory stays bounded however
+fast the engine steps.
 """
 
 from __future__ import annotations
@@ -43,8 +47,9 @@ class SpeedReading:
     """Tokens a second while it had any work."""
     output_fraction: float | None
     interactive_tokens_per_s: float
-    low_step_s: float | None
-    """Seconds a step takes with few sequences in the engine."""
+    tail_step_s: float | None
+    """How much longer a step with few sequences in the engine takes than its tokens
+    would at the full rate (seconds; 0 where it takes no longer)."""
 
 
 @dataclass
@@ -59,6 +64,7 @@ class _Bucket:
     interactive_tokens: int = 0
     low_s: float = 0.0
     low_steps: int = 0
+    low_tokens: int = 0
 
 
 class Speedometer:
@@ -78,8 +84,9 @@ class Speedometer:
         self._buckets: deque[_Bucket] = deque()
         self._lock = threading.Lock()
 
-    def stepped(self, *, duration_s: float, sequences: int) -> None:
-        """The loop took `duration_s` for a step of `sequences` sequences."""
+    def stepped(self, *, duration_s: float, sequences: int, admitted: bool = False) -> None:
+        """The loop took `duration_s` for a step of `sequences` sequences (`admitted`: it
+        took in requests before the step, whose prompts the step filled)."""
         if sequences <= 0:
             return
         with self._lock:
@@ -88,9 +95,11 @@ class Speedometer:
             if self._pooling:  # embeddings count their prompts as they end
                 return
             bucket.busy_tokens += sequences
-            if sequences <= self._low_at:
+            # A prompt filled makes a step far longer than its tokens: not a last line's.
+            if sequences <= self._low_at and not admitted:
                 bucket.low_s += duration_s
                 bucket.low_steps += 1
+                bucket.low_tokens += sequences
             if sequences >= self._full_at:
                 bucket.full_s += duration_s
                 bucket.full_tokens += sequences
@@ -122,15 +131,16 @@ class Speedometer:
             full = sum(b.busy_tokens for b in buckets) / busy_s if busy_s >= MIN_FULL_S else None
         else:
             full = sum(b.full_tokens for b in buckets) / full_s if full_s >= MIN_FULL_S else None
+        busy = sum(b.busy_tokens for b in buckets) / busy_s if busy_s else None
         return SpeedReading(
             full_tokens_per_s=full,
-            busy_tokens_per_s=sum(b.busy_tokens for b in buckets) / busy_s if busy_s else None,
+            busy_tokens_per_s=busy,
             output_fraction=sum(b.completion_tokens for b in buckets) / max_tokens
             if max_tokens
             else None,
             interactive_tokens_per_s=sum(b.interactive_tokens for b in recent)
             / INTERACTIVE_WINDOW_S,
-            low_step_s=_mean_step(buckets),
+            tail_step_s=None if self._pooling else _tail_step(buckets, full or busy),
         )
 
     def _bucket(self) -> _Bucket:
@@ -145,6 +155,10 @@ class Speedometer:
             self._buckets.popleft()
 
 
-def _mean_step(buckets: list[_Bucket]) -> float | None:
+def _tail_step(buckets: list[_Bucket], tokens_per_s: float | None) -> float | None:
+    """A low step's time less its tokens' time at `tokens_per_s`, on average."""
     steps = sum(b.low_steps for b in buckets)
-    return sum(b.low_s for b in buckets) / steps if steps >= MIN_LOW_STEPS else None
+    if steps < MIN_LOW_STEPS or not tokens_per_s:
+        return None
+    step_s = sum(b.low_s for b in buckets) / steps
+    return max(0.0, step_s - sum(b.low_tokens for b in buckets) / steps / tokens_per_s)

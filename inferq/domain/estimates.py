@@ -22,9 +22,11 @@ have to spare:
   started) the newest measurement stands for the one worker that will take the work. A
   batch's own pace is not used: measured in the tokens of its ended lines it lags while
   its lines run together, and falls to nothing while it waits behind another batch.
-- Its last lines: they run with the engine emptying, at a step a token however few of
-  them are left, so the longest line's expected tokens at the step time the workers
-  measured with few sequences in the engine come on top.
+- Its last lines: they run with the engine emptying, a step a token however few of them
+  are left, and such a step makes fewer tokens than a full one. So the longest line's
+  expected tokens come on top, at what a step with few sequences takes beyond its
+  tokens' time at the full rate, as the workers measured it (on a GPU nearly the whole
+  step; on a CPU, where a step's time follows its sequences, little).
 
 The interval says how wrong the estimate may be: the rate may be off by `RATE_SHARE`
 either way (the earliest is the expected time less that share of it), and the lines may
@@ -68,7 +70,8 @@ class EngineSpeed:
     output_fraction: float | None
     """Of the `max_tokens` of the jobs it finished, the share they generated."""
     step_s: float | None
-    """How long a step takes with few sequences in the engine."""
+    """How much longer a step with few sequences in the engine takes than its tokens would
+    at the full rate (a batch's last lines pay it a token)."""
     interactive_tokens_per_s: float
     """What single jobs took of it over the last minute (tokens a second)."""
     reported_at: datetime
@@ -197,7 +200,7 @@ def estimate(
     own = left(work)
     worst_own = _remaining_max_tokens(work) if generate else own
     rate = speed.batch_tokens_per_s
-    # Its last lines run with the engine emptying, a step a token however few they are.
+    # Its last lines run with the engine emptying: a step a token, however few they are.
     tail_s = 0.0
     if generate and work.remaining_lines and speed.step_s is not None:
         longest = work.longest_tokens * _fraction(work, model_fraction=model_fraction)

@@ -140,7 +140,8 @@ class EngineSpeedRow(Base):
     model: Mapped[str] = mapped_column(Text, index=True)
     runner: Mapped[str] = mapped_column(String(16))
     tokens_per_s: Mapped[float] = mapped_column(Float)
-    # How long a step takes with few sequences in the engine (a batch's last lines).
+    # How much longer than its tokens at the full rate a step with few sequences takes
+    # (a batch's last lines pay it a token).
     step_s: Mapped[float | None] = mapped_column(Float)
     output_fraction: Mapped[float | None] = mapped_column(Float)
     interactive_tokens_per_s: Mapped[float] = mapped_column(Float)

@@ -80,10 +80,38 @@ def test_embeddings_count_the_prompt_tokens_they_embed() -> None:
     assert reading.output_fraction is None
 
 
-def test_steps_with_few_sequences_give_the_step_time_of_a_batchs_last_lines() -> None:
+def run_admitting(meter: Speedometer, ticks: Ticks, *, steps: int, step_s: float) -> None:
+    for _ in range(steps):
+        ticks.now += step_s
+        meter.stepped(duration_s=step_s, sequences=1, admitted=True)
+
+
+def test_steps_with_few_sequences_give_what_a_batchs_last_lines_cost_beyond_their_tokens() -> None:
+    ticks = Ticks()
+    meter = Speedometer(max_num_seqs=16, clock=ticks)
+    run(meter, ticks, steps=100, sequences=16, step_s=0.1)  # 160 tokens/s full
+    assert meter.reading().tail_step_s is None
+    # One sequence at 0.02 s a step, as on a GPU: its token would take 1/160 s at the
+    # full rate, so a last line's step costs 0.01375 s more.
+    run(meter, ticks, steps=30, sequences=1, step_s=0.02)
+    assert meter.reading().tail_step_s == pytest.approx(0.02 - 1 / 160)
+
+
+def test_a_step_as_quick_as_its_tokens_at_the_full_rate_costs_the_tail_nothing() -> None:
     ticks = Ticks()
     meter = Speedometer(max_num_seqs=16, clock=ticks)
     run(meter, ticks, steps=100, sequences=16, step_s=0.1)
-    assert meter.reading().low_step_s is None
+    # As on a CPU: a step's time follows its sequences (1 sequence, 1/160 s).
+    run(meter, ticks, steps=30, sequences=1, step_s=0.1 / 16)
+    assert meter.reading().tail_step_s == pytest.approx(0.0, abs=1e-9)
+
+
+def test_steps_that_fill_prompts_do_not_count_as_a_last_lines_steps() -> None:
+    ticks = Ticks()
+    meter = Speedometer(max_num_seqs=16, clock=ticks)
+    run(meter, ticks, steps=100, sequences=16, step_s=0.1)
+    # A batch's first steps: few sequences, each step filling the prompts just admitted.
+    run_admitting(meter, ticks, steps=30, step_s=0.5)
+    assert meter.reading().tail_step_s is None
     run(meter, ticks, steps=30, sequences=1, step_s=0.02)
-    assert meter.reading().low_step_s == pytest.approx(0.02)
+    assert meter.reading().tail_step_s == pytest.approx(0.02 - 1 / 160)

@@ -36,8 +36,9 @@ from inferq.wire.public import BatchPublic
 # Most lines read at once: a reader of a large batch holds little memory.
 LINES_PER_READ = 512
 # Reads wait this long after the last one, so lines ending by the hundred a second cost a
-# few reads a second, not one each.
-MIN_READ_INTERVAL_S = 0.2
+# read a second, not one each, and a follower a write a second: on a host whose cores the
+# engine wants, five a second cost a followed batch 3.7% of its rate (bench/RESULTS.md).
+MIN_READ_INTERVAL_S = 1.0
 # Read again after this long without a word from the workers.
 RECHECK_S = 1.0
 # Rendered lines a batch's feed keeps for its followers.

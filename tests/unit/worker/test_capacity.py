@@ -112,3 +112,37 @@ def test_it_counts_the_batch_chunks_waiting_for_room() -> None:
     waiter.join(2)
     assert gate.bulk_waiting == 0
     assert order == ["bulk"]
+
+
+def test_bulk_work_waits_behind_bulk_work_that_came_first() -> None:
+    # A worker holds a message per thread here; let in at random, a batch queued later
+    # took the engine from one queued before it.
+    gate = CapacityGate(4)
+    assert gate.acquire(3, interactive=False)
+    order: list[str] = []
+    first = _acquire_later(gate, 2, interactive=False, order=order, name="first")
+    _bulk_waiting(gate, 1)
+    # One place is free: enough for a later chunk of one, which still waits its turn.
+    assert not gate.acquire(1, interactive=False, timeout_s=0.2)
+    gate.release(1)
+    first.join(2)
+    assert order == ["first"]
+    gate.release(1)
+    assert gate.acquire(1, interactive=False, timeout_s=0.2)
+
+
+def test_waiting_chunks_get_in_in_the_order_they_came() -> None:
+    gate = CapacityGate(1)
+    assert gate.acquire(1, interactive=False)
+    order: list[str] = []
+    names = [f"chunk-{i}" for i in range(6)]
+    threads = []
+    for number, name in enumerate(names):
+        threads.append(_acquire_later(gate, 1, interactive=False, order=order, name=name))
+        _bulk_waiting(gate, number + 1)
+    for number in range(len(names)):
+        gate.release(1)
+        wait_until(lambda n=number: len(order) == n + 1, timeout_s=10, what="the next in")
+    for thread in threads:
+        thread.join(2)
+    assert order == names

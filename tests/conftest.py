@@ -210,17 +210,24 @@ def stack(
             **WEBHOOK_SETTINGS,
         )
         port = free_port()
-        api = start_api(env=env, port=port, log_dir=logs)
-        worker = start_worker(env=env, log_dir=logs, wait=False)
-        service = ServiceProcess(
-            "service", [*INFERQ, "webhooks", "--name", "service@test"], env=env, log_dir=logs
-        )
-        beat = ServiceProcess("beat", [*INFERQ, "beat"], env=env, log_dir=logs)
-        wait_worker_ready(worker)
-        service.wait_until(log_contains(service, " ready."), timeout_s=60, what="consuming")
-        engine = make_engine(database_url, pool_size=2)
-        sessions = make_sessions(engine)
-        try:
+        # Each process is killed at the end, or as soon as another fails to start.
+        with ExitStack() as processes:
+            processes.callback(delete_keys, prefix)
+            api = start_api(env=env, port=port, log_dir=logs)
+            processes.callback(api.discard)
+            worker = start_worker(env=env, log_dir=logs, wait=False)
+            processes.callback(worker.discard)
+            service = ServiceProcess(
+                "service", [*INFERQ, "webhooks", "--name", "service@test"], env=env, log_dir=logs
+            )
+            processes.callback(service.discard)
+            beat = ServiceProcess("beat", [*INFERQ, "beat"], env=env, log_dir=logs)
+            processes.callback(beat.discard)
+            wait_worker_ready(worker)
+            service.wait_until(log_contains(service, " ready."), timeout_s=60, what="consuming")
+            engine = make_engine(database_url, pool_size=2)
+            processes.callback(engine.dispose)
+            sessions = make_sessions(engine)
             yield Stack(
                 url=f"http://127.0.0.1:{port}",
                 env=env,
@@ -231,11 +238,6 @@ def stack(
                 worker=worker,
                 service=service,
             )
-        finally:
-            for process in (beat, service, worker, api):
-                process.discard()
-            engine.dispose()
-            delete_keys(prefix)
 
 
 @pytest.fixture

@@ -50,13 +50,18 @@ class ServiceProcess:
         return "\n".join(text[-lines:])
 
     def wait_until(self, ready: Callable[[], bool], *, timeout_s: float, what: str) -> None:
+        """Until `ready()`; a process that exits first or is not ready in time is killed
+        with everything it started (a start that failed leaks no process), and the error
+        shows its log."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not self.alive():
+                self.discard()
                 raise RuntimeError(f"{self.name} exited early:\n{self.log_tail()}")
             if ready():
                 return
             time.sleep(0.25)
+        self.discard()
         raise TimeoutError(f"{self.name} not {what} after {timeout_s} s:\n{self.log_tail()}")
 
     def signal(self, signum: int) -> None:

@@ -47,7 +47,7 @@ def models_stack(
         env = service_env(
             model=tiny_model, database_url=database_url, key_prefix=prefix, **FAULT_SETTINGS
         )
-        deployment = Deployment(env=env, log_dir=logs, admin_key=ADMIN_KEY).start(registered=False)
+        deployment = Deployment(env=env, log_dir=logs, admin_key=ADMIN_KEY)
         overrides = {
             CHAT_MODEL: {
                 "INFERQ_SERVED_MODEL_NAME": CHAT_MODEL,
@@ -61,6 +61,7 @@ def models_stack(
         }
         stack = ModelsStack(deployment=deployment, settings=overrides, workers={})
         try:
+            deployment.start(registered=False)
             # Started together: their engines load at the same time.
             for model in overrides:
                 stack.start_worker(model, wait=False)

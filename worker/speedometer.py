@@ -140,7 +140,7 @@ class Speedometer:
             else None,
             interactive_tokens_per_s=sum(b.interactive_tokens for b in recent)
             / INTERACTIVE_WINDOW_S,
-            tail_step_s=None if self._pooling else _tail_step(buckets, full or busy),
+            tail_step_s=_tail_step(buckets, full or busy),  # pooling steps count no low steps
         )
 
     def _bucket(self) -> _Bucket:

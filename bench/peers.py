@@ -107,6 +107,14 @@ def run_run_batch(
 @contextmanager
 def serve(args: dict[str, Any], workdir: Path) -> Iterator[str]:
     """vLLM's OpenAI server on a free port, until the block ends; yields its base URL."""
+    with served(args, workdir) as (_, base_url):
+        yield base_url
+
+
+@contextmanager
+def served(args: dict[str, Any], workdir: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """vLLM's OpenAI server on a free port, until the block ends; yields its process (the
+    API server; its engine runs in processes under it) and its base URL."""
     port = stack.free_port()
     with (workdir / "serve.log").open("wb") as log:
         server = subprocess.Popen(
@@ -126,7 +134,7 @@ def serve(args: dict[str, Any], workdir: Path) -> Iterator[str]:
         try:
             base_url = f"http://127.0.0.1:{port}"
             wait_http(base_url + "/health", server, timeout_s=600)
-            yield base_url
+            yield server, base_url
         finally:
             server.terminate()
             try:

@@ -154,6 +154,8 @@ class Deployment:
     env: dict[str, str]
     api: Process
     worker: Process
+    service: Process
+    beat: Process
 
 
 @contextmanager
@@ -177,4 +179,6 @@ def deployment(model: Path, workdir: Path, **extra: str) -> Iterator[Deployment]
         cleanup.callback(beat.stop)
         worker.wait_for(" ready.", timeout_s=600)
         service.wait_for(" ready.", timeout_s=120)
-        yield Deployment(url=base_url, env=env, api=api_process, worker=worker)
+        yield Deployment(
+            url=base_url, env=env, api=api_process, worker=worker, service=service, beat=beat
+        )

@@ -1,0 +1,226 @@
+"""What a request costs in CPU beside the engine (issue 33): inferq's processes against
+`vllm serve`'s front end, on the real engine and the same prompts, in one run.
+
+    python -m bench.request_cpu [--requests 1000] [--concurrency 64] [--profile DIR]
+
+Serve's front end is its API server process (HTTP, chat template, tokenizer, detokenizer
+and output handling); its engine core runs in processes under it. inferq's side is every
+process but the engine's: the API, the GPU worker's own process (the engine loop with
+vLLM's output handling, Celery, admission, the writer; its engine core runs in processes
+under it, as serve's), the delivery worker and beat, Postgres and Redis. Both from
+`/proc`, before and after each step. Steps, `--concurrency` requests in flight:
+- serve-chats, serve-streamed: chat completions, not streamed and streamed;
+- inferq-jobs (`POST /v1/jobs?wait=`), inferq-chats, inferq-streamed: the same;
+- inferq-batch: the same requests as one batch file, from upload to the output read.
+Prints each step's CPU per request and its ratio to serve's front end for the same kind
+of request (batch lines and jobs: to serve's non-streamed chats), and the tokens/s ratio.
+`--profile DIR` records the API and the GPU worker with py-spy during inferq's steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from bench import drive, stack, workload
+from bench.compare import engine_args, inferq_env, run_inferq_batch
+from bench.peers import SERVED, served
+from bench.pipeline import CpuMeter, by_name, descendants, profiled
+from bench.streaming import chat_figures, stream_figures
+from cli.demo_model import BENCH
+
+ENGINE_COMMS = ("VLLM::EngineCor", "VLLM::Worker")
+
+
+def _is_engine(pid: int) -> bool:
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except FileNotFoundError:
+        return False
+    return comm.startswith(ENGINE_COMMS)
+
+
+def front(pid: int) -> Callable[[], list[int]]:
+    """`pid` and its descendants, less the engine's processes and theirs."""
+
+    def pids() -> list[int]:
+        engine = {p for e in descendants(pid) if e != pid and _is_engine(e) for p in descendants(e)}
+        return [p for p in descendants(pid) if p not in engine]
+
+    return pids
+
+
+def engine(pid: int) -> Callable[[], list[int]]:
+    """The engine's processes under `pid`."""
+
+    def pids() -> list[int]:
+        return [p for e in descendants(pid) if e != pid and _is_engine(e) for p in descendants(e)]
+
+    return pids
+
+
+@contextmanager
+def measured(meter: CpuMeter, results: dict[str, Any], step: str) -> Iterator[dict[str, Any]]:
+    """The block's figures (it fills the dict it is given) with the CPU each group spent."""
+    figures: dict[str, Any] = {}
+    meter.start()
+    yield figures
+    cpu = meter.stop()
+    requests = figures["requests"]
+    results[step] = {
+        **figures,
+        "cpu_s": cpu,
+        "cpu_ms_per_request": {k: 1000 * v / requests for k, v in cpu.items()},
+    }
+    print(step, json.dumps(results[step]), flush=True)
+
+
+def serve_steps(
+    engine_settings: dict[str, Any],
+    bodies: list[dict[str, Any]],
+    *,
+    concurrency: int,
+    workdir: Path,
+    results: dict[str, Any],
+) -> None:
+    with served(engine_settings, workdir) as (server, url):
+        meter = CpuMeter({"front": lambda: [server.pid], "engine": engine(server.pid)})
+        chat_figures(url, bodies[:concurrency], concurrency=concurrency, api_key=None)  # warm
+        with measured(meter, results, "serve-chats") as figures:
+            figures.update(chat_figures(url, bodies, concurrency=concurrency, api_key=None))
+        with measured(meter, results, "serve-streamed") as figures:
+            figures.update(stream_figures(url, bodies, concurrency=concurrency, api_key=None))
+
+
+def inferq_steps(
+    model: Path,
+    engine_settings: dict[str, Any],
+    bodies: list[dict[str, Any]],
+    *,
+    concurrency: int,
+    workdir: Path,
+    profile: Path | None,
+    results: dict[str, Any],
+) -> None:
+    batch_file = workdir / "batch.jsonl"
+    batch_file.write_text(
+        "".join(
+            json.dumps(
+                {"custom_id": f"r{i}", "method": "POST", "url": workload.CHAT_URL, "body": body}
+            )
+            + "\n"
+            for i, body in enumerate(bodies)
+        )
+    )
+    with stack.deployment(model, workdir, **inferq_env(engine_settings)) as running:
+        worker = running.worker.popen.pid
+        meter = CpuMeter(
+            {
+                "api": lambda: descendants(running.api.popen.pid),
+                "worker": front(worker),
+                "service": lambda: [
+                    *descendants(running.service.popen.pid),
+                    *descendants(running.beat.popen.pid),
+                ],
+                "postgres": lambda: by_name("postgres"),
+                "redis": lambda: by_name("redis-server"),
+                "engine": engine(worker),
+            }
+        )
+        url = running.url
+        drive.inferq_jobs(url, bodies[:concurrency], concurrency=concurrency)  # warm
+        steps: dict[str, Callable[[], dict[str, Any]]] = {
+            "inferq-jobs": lambda: drive.inferq_jobs(url, bodies, concurrency=concurrency),
+            "inferq-chats": lambda: chat_figures(
+                url, bodies, concurrency=concurrency, api_key=stack.ADMIN_KEY
+            ),
+            "inferq-streamed": lambda: stream_figures(
+                url, bodies, concurrency=concurrency, api_key=stack.ADMIN_KEY
+            ),
+            "inferq-batch": lambda: run_inferq_batch(url, batch_file),
+        }
+        pids = {"api": running.api.popen.pid, "worker": worker}
+        for step, call in steps.items():
+            with profiled(pids, profile, step), measured(meter, results, step) as figures:
+                figures.update(call())
+
+
+PEER = {
+    "inferq-jobs": "serve-chats",
+    "inferq-chats": "serve-chats",
+    "inferq-streamed": "serve-streamed",
+    "inferq-batch": "serve-chats",
+}
+OURS = ("api", "worker", "service", "postgres", "redis")
+
+
+def summary(results: dict[str, Any]) -> list[str]:
+    """Each inferq step's CPU per request beside the engine, and its ratios to serve."""
+    lines = []
+    for step, peer in PEER.items():
+        ours, theirs = results.get(step), results.get(peer)
+        if not ours or not theirs:
+            continue
+        per = ours["cpu_ms_per_request"]
+        total = sum(per[k] for k in OURS)
+        serve_ms = theirs["cpu_ms_per_request"]["front"]
+        parts = ", ".join(f"{k} {per[k]:.2f}" for k in OURS)
+        lines.append(
+            f"{step}: {total:.2f} ms a request ({parts}) vs serve's front end "
+            f"{serve_ms:.2f} ms: {total / serve_ms:.2f}x (target 1.5x); tokens/s "
+            f"{ours['tokens_per_s']:.0f} vs {theirs['tokens_per_s']:.0f}: "
+            f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.3f}x"
+        )
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--model", type=Path, default=None, help="default: the bench model")
+    parser.add_argument("--gpu", action="store_true", help="the reference GPU settings")
+    parser.add_argument("--skip", default="", help="serve and/or inferq")
+    parser.add_argument("--profile", type=Path, help="record py-spy profiles here")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/request-cpu.json"))
+    args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    from transformers import AutoTokenizer
+
+    model = args.model or stack.demo_model(BENCH, "bench")
+    settings = engine_args(model, gpu=args.gpu)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    requests = workload.bulk(tokenizer, args.requests, context=settings["max_model_len"])
+    bodies = [workload.body(r, SERVED) for r in requests]
+    workdir = args.out.parent / "work-request-cpu"
+    workdir.mkdir(parents=True, exist_ok=True)
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"requests": args.requests, "concurrency": args.concurrency}
+    started = time.time()
+    if "serve" not in skip:
+        serve_steps(
+            settings, bodies, concurrency=args.concurrency, workdir=workdir, results=results
+        )
+    if "inferq" not in skip:
+        inferq_steps(
+            model,
+            settings,
+            bodies,
+            concurrency=args.concurrency,
+            workdir=workdir,
+            profile=args.profile,
+            results=results,
+        )
+    results["wall_s"] = time.time() - started
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    print("\n".join(["", *summary(results)]))
+
+
+if __name__ == "__main__":
+    main()

@@ -108,9 +108,14 @@ class Submission:
     ) -> Job:
         """The job once it has ended (waiting out a Postgres restart); if the client hangs
         up first, it is cancelled."""
-        job = await self._waiter.until_ended(
-            job.id, riding_out(read), give_up=request.is_disconnected
-        )
+        job = await self._waiter.until_ended(job.id, riding_out(read), gone=hung_up(request))
         if not job.status.is_terminal:
             await self.cancel_abandoned(job.id, scope=scope)
         return job
+
+
+async def hung_up(request: Request) -> None:
+    """Returns when the client of `request`, whose body has been read, hangs up: the
+    server's next message for it is the disconnect (no polling)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -102,9 +102,10 @@ def test_online_requests_wait_out_a_postgres_restart(
         stream = pool.submit(streamed)
         api.wait_until(lambda: _jobs_in(own_postgres) == 2, timeout_s=60, what="storing both")
         own_postgres.stop(mode="immediate")
-        # Each request has found the database gone (or, failing, been answered).
+        # The stream has found the database gone (or the chat, failing, been answered); the
+        # chat reads its job only when woken, and nothing wakes it before the restart.
         api.wait_until(
-            lambda: answered.done() or _log_count(api.log_path, "waiting for the database") >= 2,
+            lambda: answered.done() or _log_count(api.log_path, "waiting for the database") >= 1,
             timeout_s=60,
             what="meeting the outage",
         )

@@ -95,8 +95,11 @@ class StreamReader:
                 self._client_id = await client.client_id()
                 while True:
                     await self._read(client)
-            except RedisError as exc:
-                log.warning("cannot read token streams (%s); retrying", exc)
+            except Exception as exc:  # the reader must live on
+                if isinstance(exc, RedisError):
+                    log.warning("cannot read token streams (%s); retrying", exc)
+                else:
+                    log.exception("reading token streams failed; retrying")
                 for followed in self._followed.values():
                     followed.queue.put_nowait(None)
                 self._followed.clear()

@@ -199,6 +199,9 @@ class JobWaiter:
             except InferqError as exc:
                 log.debug("cannot look up the jobs waited on: %s", exc.message)
                 continue
+            except Exception:  # the sweep must live on: the next one may do
+                log.exception("looking up the jobs waited on failed")
+                continue
             for channel, job_id in jobs.items():
                 if job_id in ended:
                     for event in self._watchers.get(channel, ()):

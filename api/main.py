@@ -31,11 +31,10 @@ from api.routes import (
     status,
     webhooks,
 )
-from api.stream_reader import StreamReader
 from api.submission import Submission
 from api.token_follower import TokenFollower
 from api.urlcheck import RefuseNulInUrl
-from api.waiter import RECHECK_S, JobWaiter
+from api.waiter import JobWaiter
 from inferq import __version__
 from inferq.app import App
 from inferq.settings import Settings
@@ -53,8 +52,7 @@ def build_services(app: App) -> ApiServices:
     settings = app.settings
     prefix = settings.redis_key_prefix
     async_redis = AsyncRedis.from_url(settings.redis_url)
-    waiter = JobWaiter(async_redis, key_prefix=prefix, ended_among=app.job_operations.ended_among)
-    stream_reader = StreamReader(async_redis, block_ms=int(RECHECK_S * 1000))
+    waiter = JobWaiter(async_redis, key_prefix=prefix)
     rate_limiter = RateLimiter(
         settings.redis_url,
         key_prefix=prefix,
@@ -65,8 +63,7 @@ def build_services(app: App) -> ApiServices:
     return ApiServices(
         app=app,
         waiter=waiter,
-        stream_reader=stream_reader,
-        follower=TokenFollower(stream_reader, key_prefix=prefix, waiter=waiter),
+        follower=TokenFollower(async_redis, key_prefix=prefix, waiter=waiter),
         feeds=BatchFeeds(output=app.batch_output, batches=app.batch_operations, waiter=waiter),
         authenticator=Authenticator(
             app.keys, enabled=settings.auth_enabled, cache_s=settings.auth_cache_s
@@ -113,11 +110,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.services = services
         metrics.registry.register(QueueCollector(inferq.queues, inferq.workers, inferq.catalog))
         await services.waiter.start()
-        await services.stream_reader.start()
         try:
             yield
         finally:
-            await services.stream_reader.stop()
             await services.waiter.stop()
 
     app = FastAPI(

@@ -53,22 +53,21 @@ class JobWaiter:
         self._watchers: dict[str, set[asyncio.Event]] = {}
         self._confirmations: dict[str, asyncio.Future[None]] = {}
         self._pubsub: PubSub | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._task: asyncio.Task[None] | None = None
         self._connected = asyncio.Event()
 
     async def start(self) -> None:
         """Start listening; returns once subscribed, or after `SUBSCRIBE_TIMEOUT_S` if
         Redis is out of reach (waits then rely on their re-reads until it is back)."""
-        self._tasks = [asyncio.create_task(self._listen(), name="job-waiter")]
+        self._task = asyncio.create_task(self._listen(), name="job-waiter")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._connected.wait(), SUBSCRIBE_TIMEOUT_S)
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
+        if self._task is not None:
+            self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await task
+                await self._task
 
     def watch(self, job_id: str) -> contextlib.AbstractAsyncContextManager[asyncio.Event]:
         """An event set whenever `job_id` is reported finished while the block runs; the
@@ -120,7 +119,7 @@ class JobWaiter:
                     wait_s = RECHECK_S - (now - read_at)
                     if deadline is not None:
                         wait_s = min(wait_s, deadline - now)
-                    if wait_s <= 0 and deadline is not None and now >= deadline:
+                    if deadline is not None and now >= deadline:
                         break
                     if given_up is not None and given_up.done():
                         break

@@ -4,8 +4,9 @@ submits them, for store tests."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
-from inferq.domain.jobs import Choice, Job, JobResult, JobSpec, SamplingParams
+from inferq.domain.jobs import Choice, Job, JobResult, JobSpec, JobStatus, SamplingParams
 from inferq.domain.webhooks import WebhookRequest
 from inferq.store.jobs import JobStore, NewJob
 
@@ -17,6 +18,23 @@ def job_spec(prompt: str = "hi") -> JobSpec:
         messages=None,
         prompt_token_ids=[0, 5, 6],
         sampling=SamplingParams(max_tokens=8),
+    )
+
+
+def running_job(job_id: str, *, stream: bool = False) -> Job:
+    """A running job as the API reads it back, for tests of waiting and following."""
+    return Job(
+        id=job_id,
+        tenant="t",
+        status=JobStatus.RUNNING,
+        model="m",
+        prompt="p",
+        messages=None,
+        sampling=SamplingParams(max_tokens=16),
+        metadata={},
+        prompt_tokens=3,
+        created_at=datetime.now(UTC),
+        stream=stream,
     )
 
 

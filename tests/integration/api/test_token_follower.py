@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from datetime import UTC, datetime
 
 import pytest
 from redis import Redis
@@ -21,27 +20,16 @@ from inferq.broker.token_stream import (
     TokenEvent,
     TokenStreamWriter,
 )
-from inferq.domain.jobs import Choice, Job, JobResult, JobStatus, SamplingParams
+from inferq.domain.jobs import Choice, Job, JobResult, JobStatus
 from inferq.exceptions import StoreUnavailable
 from tests.conftest import REDIS_URL
+from tests.helpers import jobs as job_helpers
 
 TEXT = "the whole answer"
 
 
 def running_job() -> Job:
-    return Job(
-        id="job_follow",
-        tenant="t",
-        status=JobStatus.RUNNING,
-        model="m",
-        prompt="p",
-        messages=None,
-        sampling=SamplingParams(max_tokens=16),
-        metadata={},
-        prompt_tokens=3,
-        created_at=datetime.now(UTC),
-        stream=True,
-    )
+    return job_helpers.running_job("job_follow", stream=True)
 
 
 def succeeded(job: Job) -> Job:

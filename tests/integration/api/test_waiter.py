@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from datetime import UTC, datetime
 
 import pytest
 from redis.asyncio import Redis as AsyncRedis
@@ -14,23 +13,13 @@ from redis.asyncio import Redis as AsyncRedis
 import api.waiter
 from api.waiter import JobWaiter
 from inferq.broker.events import done_channel
-from inferq.domain.jobs import Job, JobStatus, SamplingParams
+from inferq.domain.jobs import Job, JobStatus
 from tests.conftest import REDIS_URL
+from tests.helpers import jobs as job_helpers
 
 
 def running_job() -> Job:
-    return Job(
-        id="job_waited",
-        tenant="t",
-        status=JobStatus.RUNNING,
-        model="m",
-        prompt="p",
-        messages=None,
-        sampling=SamplingParams(max_tokens=16),
-        metadata={},
-        prompt_tokens=3,
-        created_at=datetime.now(UTC),
-    )
+    return job_helpers.running_job("job_waited")
 
 
 class Jobs:

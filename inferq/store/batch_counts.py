@@ -12,7 +12,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from inferq.domain.jobs import JobStatus
@@ -27,20 +27,22 @@ class EndedLine:
     completion_tokens: int | None
 
 
+# One statement, built once: the rows of the batches of some jobs, locked in id order.
+_LOCK_BATCHES_OF = (
+    select(BatchRow.id)
+    .where(
+        BatchRow.id.in_(
+            select(JobRow.batch_id).where(JobRow.id.in_(bindparam("ids", expanding=True)))
+        )
+    )
+    .order_by(BatchRow.id)
+    .with_for_update()
+)
+
+
 def lock_batches_of(session: Session, job_ids: Collection[str]) -> None:
     """Lock the rows of the batches these jobs belong to (none, for single jobs)."""
-    batch_ids = session.scalars(
-        select(JobRow.batch_id)
-        .where(JobRow.id.in_(job_ids), JobRow.batch_id.is_not(None))
-        .distinct()
-    ).all()
-    if batch_ids:
-        session.execute(
-            select(BatchRow.id)
-            .where(BatchRow.id.in_(batch_ids))
-            .order_by(BatchRow.id)
-            .with_for_update()
-        )
+    session.connection().execute(_LOCK_BATCHES_OF, {"ids": list(job_ids)}).all()
 
 
 def count_ended(session: Session, lines: Iterable[EndedLine]) -> None:

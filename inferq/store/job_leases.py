@@ -7,14 +7,53 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import timedelta
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, bindparam, or_, select, update
 
 from inferq.domain.jobs import ClaimedJob, JobOutcome, JobStatus
 from inferq.store.batch_counts import count_finished, lock_batches_of
 from inferq.store.bulk import update_rows
 from inferq.store.job_rows import ACTIVE, CLAIMED_COLUMNS, claimed_job, outcome_values
-from inferq.store.models import JobRow
+from inferq.store.models import JobRow, Timestamp
 from inferq.store.outbox import EndedJob, OutboxStore, enqueue_job_events
+
+# Built once: a claim is the worker's hottest statement (one a task), and compiling it
+# through an ORM session each time cost several times the round trip.
+_CLAIM = (
+    update(JobRow)
+    .where(
+        JobRow.id.in_(bindparam("ids", expanding=True)),
+        or_(
+            JobRow.status == JobStatus.QUEUED.value,
+            and_(
+                JobRow.status == JobStatus.RUNNING.value,
+                JobRow.lease_expires_at < bindparam("claim_now", type_=Timestamp),
+            ),
+        ),
+    )
+    .values(
+        status=JobStatus.RUNNING.value,
+        worker=bindparam("claim_worker"),
+        started_at=bindparam("claim_now", type_=Timestamp),
+        lease_expires_at=bindparam("claim_lease_until", type_=Timestamp),
+        attempts=JobRow.attempts + 1,
+    )
+    .returning(*CLAIMED_COLUMNS)
+)
+
+
+# The rows of jobs a flush ends, locked, if they are still queued or running.
+_FINISHING = (
+    select(
+        JobRow.id,
+        JobRow.tenant,
+        JobRow.webhook_endpoint_id,
+        JobRow.webhook_events,
+        JobRow.batch_id,
+        JobRow.prompt_tokens,
+    )
+    .where(JobRow.id.in_(bindparam("ids", expanding=True)), JobRow.status.in_(ACTIVE))
+    .with_for_update()
+)
 
 
 class JobLeases(OutboxStore):
@@ -27,25 +66,16 @@ class JobLeases(OutboxStore):
         what makes a redelivered message harmless.
         """
         now = self._clock()
-        claimable = or_(
-            JobRow.status == JobStatus.QUEUED.value,
-            and_(JobRow.status == JobStatus.RUNNING.value, JobRow.lease_expires_at < now),
-        )
-        statement = (
-            update(JobRow)
-            .where(JobRow.id.in_(job_ids), claimable)
-            .values(
-                status=JobStatus.RUNNING.value,
-                worker=worker,
-                started_at=now,
-                lease_expires_at=now + timedelta(seconds=lease_s),
-                attempts=JobRow.attempts + 1,
-            )
-            .returning(*CLAIMED_COLUMNS)
-            .execution_options(synchronize_session=False)
-        )
-        with self._transaction() as session:
-            rows = session.execute(statement).all()
+        with self._connection() as connection:
+            rows = connection.execute(
+                _CLAIM,
+                {
+                    "ids": list(job_ids),
+                    "claim_now": now,
+                    "claim_worker": worker,
+                    "claim_lease_until": now + timedelta(seconds=lease_s),
+                },
+            ).all()
         by_id = {row.id: claimed_job(row, now) for row in rows}
         return [by_id[job_id] for job_id in job_ids if job_id in by_id]
 
@@ -124,18 +154,7 @@ class JobLeases(OutboxStore):
         ids = [o.job_id for o in outcomes]
         with self._transaction() as session:
             lock_batches_of(session, ids)
-            rows = session.execute(
-                select(
-                    JobRow.id,
-                    JobRow.tenant,
-                    JobRow.webhook_endpoint_id,
-                    JobRow.webhook_events,
-                    JobRow.batch_id,
-                    JobRow.prompt_tokens,
-                )
-                .where(JobRow.id.in_(ids), JobRow.status.in_(ACTIVE))
-                .with_for_update()
-            ).all()
+            rows = session.connection().execute(_FINISHING, {"ids": ids}).all()
             live = {row.id for row in rows}
             values = {o.job_id: outcome_values(o, now) for o in outcomes if o.job_id in live}
             update_rows(session, JobRow, list(values.values()))

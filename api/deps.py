@@ -16,6 +16,7 @@ from api.batch_follow import BatchFeeds
 from api.grouping import Grouped
 from api.idempotency import Idempotency
 from api.ratelimit import RateLimiter
+from api.stream_reader import StreamReader
 from api.submission import Submission
 from api.token_follower import TokenFollower
 from api.waiter import JobWaiter
@@ -44,6 +45,8 @@ class ApiServices:
 
     app: App
     waiter: JobWaiter
+    # Every followed token stream, in one read (api/stream_reader.py).
+    stream_reader: StreamReader
     follower: TokenFollower
     # Followers of batches' output, one reader a batch (api/batch_follow.py).
     feeds: BatchFeeds

@@ -31,10 +31,11 @@ from api.routes import (
     status,
     webhooks,
 )
+from api.stream_reader import StreamReader
 from api.submission import Submission
 from api.token_follower import TokenFollower
 from api.urlcheck import RefuseNulInUrl
-from api.waiter import JobWaiter
+from api.waiter import RECHECK_S, JobWaiter
 from inferq import __version__
 from inferq.app import App
 from inferq.settings import Settings
@@ -53,6 +54,7 @@ def build_services(app: App) -> ApiServices:
     prefix = settings.redis_key_prefix
     async_redis = AsyncRedis.from_url(settings.redis_url)
     waiter = JobWaiter(async_redis, key_prefix=prefix)
+    stream_reader = StreamReader(async_redis, block_ms=int(RECHECK_S * 1000))
     rate_limiter = RateLimiter(
         settings.redis_url,
         key_prefix=prefix,
@@ -63,7 +65,8 @@ def build_services(app: App) -> ApiServices:
     return ApiServices(
         app=app,
         waiter=waiter,
-        follower=TokenFollower(async_redis, key_prefix=prefix, waiter=waiter),
+        stream_reader=stream_reader,
+        follower=TokenFollower(stream_reader, key_prefix=prefix, waiter=waiter),
         feeds=BatchFeeds(output=app.batch_output, batches=app.batch_operations, waiter=waiter),
         authenticator=Authenticator(
             app.keys, enabled=settings.auth_enabled, cache_s=settings.auth_cache_s
@@ -110,9 +113,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.services = services
         metrics.registry.register(QueueCollector(inferq.queues, inferq.workers, inferq.catalog))
         await services.waiter.start()
+        await services.stream_reader.start()
         try:
             yield
         finally:
+            await services.stream_reader.stop()
             await services.waiter.stop()
 
     app = FastAPI(

@@ -1,12 +1,11 @@
 """Following a job's output as it is generated: what SSE responses are made of.
 
 A streamed job's tokens are read from its Redis Stream (`inferq.broker.token_stream`): replayed
-from the first entry, then followed with blocking reads, each holding one pooled
-connection for at most `RECHECK_S`, so a reader that stops reading holds nothing else.
-Between reads that bring nothing the job is read from Postgres, which tells a job that
-ended without more tokens (cancelled, failed). A job that was not streamed, a stream
-that expired or a gap in one (entries trimmed or lost) is followed through Postgres: its
-output, or the rest of it, comes once the job has ended.
+from the first entry, then followed, by the process's one reader of every followed stream
+(`api.stream_reader`). After `RECHECK_S` without entries the job is read from Postgres,
+which tells a job that ended without more tokens (cancelled, failed). A job that was not
+streamed, a stream that expired or a gap in one (entries trimmed or lost) is followed
+through Postgres: its output, or the rest of it, comes once the job has ended.
 
 Postgres restarting does not end a stream (nor an online request's wait: `riding_out`):
 the job goes on, and its reads wait for Postgres for up to `STORE_OUTAGE_S`. Longer, or a
@@ -22,19 +21,13 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
-
+from api.stream_reader import StreamReader
 from api.waiter import RECHECK_S, JobWaiter, ReadJob
 from inferq.broker.token_stream import ChoiceDelta, decode_entry, tokens_key
 from inferq.domain.jobs import Job, JobStatus
 from inferq.exceptions import InferqError, StoreUnavailable
 
 log = logging.getLogger(__name__)
-
-# Most entries taken in one read.
-READ_ENTRIES = 512
-
 
 # How long a stream waits for Postgres to come back (a restart takes seconds).
 STORE_OUTAGE_S = 60.0
@@ -158,8 +151,8 @@ class _Progress:
 class TokenFollower:
     """Follows jobs for this API process's streaming responses."""
 
-    def __init__(self, redis: Redis, *, key_prefix: str, waiter: JobWaiter) -> None:
-        self._redis = redis
+    def __init__(self, reader: StreamReader, *, key_prefix: str, waiter: JobWaiter) -> None:
+        self._reader = reader
         self._key_prefix = key_prefix
         self._waiter = waiter
 
@@ -192,35 +185,30 @@ class TokenFollower:
         """Deltas from the job's Redis Stream until its choices have finished, a gap, or
         the job has ended without them (the caller then finishes from Postgres)."""
         key = tokens_key(self._key_prefix, job.id)
-        last = "0-0"
-        while not progress.finished:
-            try:
-                reply = await self._redis.xread(
-                    {key: last},
-                    count=READ_ENTRIES,
-                    block=int(RECHECK_S * 1000),  # then look in Postgres
-                )
-            except RedisError:
-                return  # Redis is out of reach: the stored result will do
-            if not reply:
-                if (await read(job.id)).status.is_terminal:
-                    return
-                continue
-            for entry_id, fields in reply[0][1]:
-                last = entry_id
-                deltas = decode_entry(fields)
-                if deltas is None:  # a run began (again)
-                    if progress.any_sent:
-                        raise OutputRestarted(
-                            f"the worker or engine running job {job.id} was lost after part "
-                            "of its output was sent; it is running again from the start: "
-                            f"follow it at /v1/jobs/{job.id}/stream"
-                        )
+        async with self._reader.follow(key) as arriving:
+            while not progress.finished:
+                try:
+                    entries = await asyncio.wait_for(arriving.get(), RECHECK_S)
+                except TimeoutError:  # nothing for a while: look in Postgres
+                    if (await read(job.id)).status.is_terminal:
+                        return
                     continue
-                taken = progress.take(deltas)
-                if taken is None:
-                    return
-                yield taken
+                if entries is None:
+                    return  # Redis is out of reach: the stored result will do
+                for _entry_id, fields in entries:
+                    deltas = decode_entry(fields)
+                    if deltas is None:  # a run began (again)
+                        if progress.any_sent:
+                            raise OutputRestarted(
+                                f"the worker or engine running job {job.id} was lost after "
+                                "part of its output was sent; it is running again from the "
+                                f"start: follow it at /v1/jobs/{job.id}/stream"
+                            )
+                        continue
+                    taken = progress.take(deltas)
+                    if taken is None:
+                        return
+                    yield taken
 
 
 def riding_out(read: ReadJob) -> ReadJob:

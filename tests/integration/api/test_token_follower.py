@@ -11,6 +11,7 @@ from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
 import api.token_follower
+from api.stream_reader import StreamReader
 from api.token_follower import Ended, OutputRestarted, StoreOutage, TokenFollower
 from api.waiter import JobWaiter
 from inferq.broker.token_stream import (
@@ -66,10 +67,13 @@ def follow(key_prefix: str) -> object:
         async def collect() -> list[object]:
             redis = AsyncRedis.from_url(REDIS_URL)
             waiter = JobWaiter(redis, key_prefix=key_prefix)
-            follower = TokenFollower(redis, key_prefix=key_prefix, waiter=waiter)
+            reader = StreamReader(redis, block_ms=1000)
+            follower = TokenFollower(reader, key_prefix=key_prefix, waiter=waiter)
+            await reader.start()
             try:
                 return [item async for item in follower.follow(running_job(), read=read)]
             finally:
+                await reader.stop()
                 await redis.aclose()
 
         return asyncio.run(collect())

@@ -53,7 +53,7 @@ def build_services(app: App) -> ApiServices:
     settings = app.settings
     prefix = settings.redis_key_prefix
     async_redis = AsyncRedis.from_url(settings.redis_url)
-    waiter = JobWaiter(async_redis, key_prefix=prefix)
+    waiter = JobWaiter(async_redis, key_prefix=prefix, ended_among=app.job_operations.ended_among)
     stream_reader = StreamReader(async_redis, block_ms=int(RECHECK_S * 1000))
     rate_limiter = RateLimiter(
         settings.redis_url,

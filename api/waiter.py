@@ -5,11 +5,12 @@ Each job's end is announced on a channel of its own (`inferq.broker.events`). An
 subscribes to a job's channel only while a request waits on it, on one pub/sub connection
 shared by every waiting request, so it hears of its own jobs and nothing else.
 
-A waiting request reads its job when it starts waiting, when woken, and every `RECHECK_S`
-without a wake-up (an announcement is lost when a publish fails, and, seen under load,
-more often than that: the re-reads, each on its request's own clock, catch those). A
-request whose client may hang up waits for the server's disconnect message beside the
-job, without polling.
+An announcement is lost only when its publish fails or the pub/sub connection drops (the
+waiter then wakes every request when it reconnects). For those, one sweep a
+`RECHECK_S` asks Postgres which of the jobs waited on have ended, in one query for all of
+them, and wakes their requests: a request reads its job when it starts waiting and when
+woken, never on a timer of its own (64 requests re-reading each second cost the API more
+CPU than everything else it did for them).
 """
 
 from __future__ import annotations
@@ -20,59 +21,71 @@ import logging
 import secrets
 import time
 from asyncio import FIRST_COMPLETED
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
+from starlette.concurrency import run_in_threadpool
 
 from inferq.broker.events import batch_progress_channel, done_channel
 from inferq.constants import API_CHANNEL
 from inferq.domain.jobs import Job
+from inferq.exceptions import InferqError
 
 log = logging.getLogger(__name__)
 
 # How long a watch waits for Redis to confirm its subscription before it reads the job
-# anyway (it then relies on its re-reads, as when Redis is down).
+# anyway (it then relies on the re-read timer, as when Redis is down).
 SUBSCRIBE_TIMEOUT_S = 1.0
 RECONNECT_S = 1.0
-# A waiting request re-reads its job this long after its last read without a wake-up.
+# How often the jobs waited on are looked up in Postgres, in case their announcement
+# was lost: the most a lost one delays a waiting request.
 RECHECK_S = 1.0
 
 ReadJob = Callable[[str], Awaitable[Job]]
+# Which of these jobs have ended (called in a worker thread).
+EndedAmong = Callable[[list[str]], Collection[str]]
 
 
 class JobWaiter:
     """Subscriptions to the channels of the jobs this process's requests wait on."""
 
-    def __init__(self, redis: Redis, *, key_prefix: str) -> None:
+    def __init__(self, redis: Redis, *, key_prefix: str, ended_among: EndedAmong) -> None:
         self._redis = redis
         self._key_prefix = key_prefix
+        self._ended_among = ended_among
+        # The job each watched job channel is for, for the sweep.
+        self._jobs: dict[str, str] = {}
         # Always subscribed, so the listener blocks on the socket even with nobody waiting.
         self._own_channel = f"{key_prefix}{API_CHANNEL}:{secrets.token_hex(8)}"
         self._watchers: dict[str, set[asyncio.Event]] = {}
         self._confirmations: dict[str, asyncio.Future[None]] = {}
         self._pubsub: PubSub | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self._connected = asyncio.Event()
 
     async def start(self) -> None:
         """Start listening; returns once subscribed, or after `SUBSCRIBE_TIMEOUT_S` if
-        Redis is out of reach (waits then rely on their re-reads until it is back)."""
-        self._task = asyncio.create_task(self._listen(), name="job-waiter")
+        Redis is out of reach (waits then rely on the sweep until it is back)."""
+        self._tasks = [
+            asyncio.create_task(self._listen(), name="job-waiter"),
+            asyncio.create_task(self._sweep(), name="job-waiter-sweep"),
+        ]
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._connected.wait(), SUBSCRIBE_TIMEOUT_S)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
 
     def watch(self, job_id: str) -> contextlib.AbstractAsyncContextManager[asyncio.Event]:
         """An event set whenever `job_id` is reported finished while the block runs; the
         subscription is in place (or Redis is unreachable) when the block starts."""
-        return self._watch(done_channel(self._key_prefix, job_id))
+        return self._watch(done_channel(self._key_prefix, job_id), job_id=job_id)
 
     def watch_batch(self, batch_id: str) -> contextlib.AbstractAsyncContextManager[asyncio.Event]:
         """An event set whenever lines of `batch_id` are reported ended while the block
@@ -80,11 +93,15 @@ class JobWaiter:
         return self._watch(batch_progress_channel(self._key_prefix, batch_id))
 
     @contextlib.asynccontextmanager
-    async def _watch(self, channel: str) -> AsyncIterator[asyncio.Event]:
+    async def _watch(
+        self, channel: str, *, job_id: str | None = None
+    ) -> AsyncIterator[asyncio.Event]:
         event = asyncio.Event()
         watchers = self._watchers.setdefault(channel, set())
         first = not watchers
         watchers.add(event)
+        if job_id is not None:
+            self._jobs[channel] = job_id
         try:
             if first:
                 await self._subscribe(channel)
@@ -95,6 +112,7 @@ class JobWaiter:
             watchers.discard(event)
             if not watchers and self._watchers.get(channel) is watchers:
                 del self._watchers[channel]
+                self._jobs.pop(channel, None)
                 await self._unsubscribe(channel)
 
     async def until_ended(
@@ -113,37 +131,24 @@ class JobWaiter:
             async with self.watch(job_id) as woken:
                 # Read only once the subscription is in place, so no announced end is missed.
                 job = await read(job_id)
-                read_at = time.monotonic()
                 while not job.status.is_terminal:
-                    now = time.monotonic()
-                    wait_s = RECHECK_S - (now - read_at)
-                    if deadline is not None:
-                        wait_s = min(wait_s, deadline - now)
-                    if deadline is not None and now >= deadline:
-                        break
-                    if given_up is not None and given_up.done():
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if (left is not None and left <= 0) or (given_up and given_up.done()):
                         break
                     waiting = asyncio.ensure_future(woken.wait())
                     try:
                         await asyncio.wait(
                             {waiting} if given_up is None else {waiting, given_up},
-                            timeout=max(wait_s, 0),
+                            timeout=left,
                             return_when=FIRST_COMPLETED,
                         )
                     finally:
                         waiting.cancel()
                     if given_up is not None and given_up.done():
                         break
-                    now = time.monotonic()
-                    if (
-                        woken.is_set()
-                        or now - read_at >= RECHECK_S
-                        or (deadline is not None and now >= deadline)
-                    ):
-                        # Cleared before the read: an end announced during it wakes us again.
-                        woken.clear()
-                        job = await read(job_id)
-                        read_at = time.monotonic()
+                    # Cleared before the read: an end announced during it wakes us again.
+                    woken.clear()
+                    job = await read(job_id)
         finally:
             if given_up is not None:
                 given_up.cancel()
@@ -182,6 +187,25 @@ class JobWaiter:
             confirmation = self._confirmations.get(name)
             if confirmation is not None and not confirmation.done():
                 confirmation.set_result(None)
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(RECHECK_S)
+            jobs = dict(self._jobs)
+            if not jobs:
+                continue
+            try:
+                ended = set(await run_in_threadpool(self._ended_among, list(jobs.values())))
+            except InferqError as exc:
+                log.debug("cannot look up the jobs waited on: %s", exc.message)
+                continue
+            except Exception:  # the sweep must live on: the next one may do
+                log.exception("looking up the jobs waited on failed")
+                continue
+            for channel, job_id in jobs.items():
+                if job_id in ended:
+                    for event in self._watchers.get(channel, ()):
+                        event.set()
 
     def _wake_all(self) -> None:
         for watchers in self._watchers.values():

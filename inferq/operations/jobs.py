@@ -93,6 +93,11 @@ class JobOperations:
             log.info("accepted job %s", job.id, extra={"job_id": job.id, "tenant": job.tenant})
         return [item for item in outcome if item is not None]
 
+    def ended_among(self, job_ids: list[str]) -> set[str]:
+        """Which of these jobs have ended (whatever their tenant: only a wake-up is decided
+        by it, the job is read again in its reader's scope)."""
+        return self.store.ended_among(job_ids)
+
     def get_many(self, reads: Sequence[tuple[str, str | None]]) -> list[Job | InferqError]:
         """Jobs by `(id, scope)` in one query, in order; `NotFound` for an id that does not
         exist or belongs to another tenant than `scope` (None sees every tenant)."""

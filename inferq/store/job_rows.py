@@ -135,6 +135,9 @@ JOB_COLUMNS = (
 # Jobs by id (`ids`, a list): built once, as building a statement of twenty columns costs
 # more than running it for a few ids.
 JOBS_BY_ID = select(*JOB_COLUMNS).where(JobRow.id.in_(bindparam("ids", expanding=True)))
+ACTIVE_AMONG = select(JobRow.id).where(
+    JobRow.id.in_(bindparam("ids", expanding=True)), JobRow.status.in_(ACTIVE)
+)
 
 
 def job_from_row(row: Any) -> Job:

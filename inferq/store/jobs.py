@@ -18,7 +18,14 @@ from inferq.store.batch_counts import EndedLine, count_ended, lock_batches_of
 from inferq.store.idempotency import IdempotentRequest, record_response
 from inferq.store.job_leases import JobLeases
 from inferq.store.job_publishing import JobPublishing
-from inferq.store.job_rows import ACTIVE, JOBS_BY_ID, job_from_row, new_job, new_job_row
+from inferq.store.job_rows import (
+    ACTIVE,
+    ACTIVE_AMONG,
+    JOBS_BY_ID,
+    job_from_row,
+    new_job,
+    new_job_row,
+)
 from inferq.store.models import JobRow
 from inferq.store.outbox import enqueue_job_events, ensure_endpoint
 
@@ -93,6 +100,12 @@ class JobStore(JobLeases, JobPublishing):
         """The job, if it exists and belongs to `scope` (a tenant; None sees every tenant)."""
         with self._transaction() as session:
             return job_from_row(scoped_row(session, JobRow, job_id, scope, noun="job"))
+
+    def ended_among(self, job_ids: Sequence[str]) -> set[str]:
+        """Which of these jobs are no longer queued or running (or no longer exist)."""
+        with self._connection() as connection:
+            active = set(connection.scalars(ACTIVE_AMONG, {"ids": list(job_ids)}))
+        return set(job_ids) - active
 
     def get_jobs(self, job_ids: Sequence[str]) -> list[Job]:
         with self._connection() as connection:

@@ -66,7 +66,7 @@ def follow(key_prefix: str) -> object:
 
         async def collect() -> list[object]:
             redis = AsyncRedis.from_url(REDIS_URL)
-            waiter = JobWaiter(redis, key_prefix=key_prefix)
+            waiter = JobWaiter(redis, key_prefix=key_prefix, ended_among=lambda _ids: ())
             reader = StreamReader(redis, block_ms=1000)
             follower = TokenFollower(reader, key_prefix=key_prefix, waiter=waiter)
             await reader.start()

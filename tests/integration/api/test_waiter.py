@@ -1,11 +1,13 @@
-"""Waiting on a job through real Redis: woken by its announced end, by its re-read when
-the announcement was lost, and let go when the client hangs up (no polling)."""
+"""Waiting on a job through real Redis: woken by its announced end, by the sweep when
+the announcement was lost, and let go when the client hangs up; a wait reads the job
+when it starts and when woken, not on a timer."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import time
+from collections.abc import Collection
 
 import pytest
 from redis.asyncio import Redis as AsyncRedis
@@ -28,6 +30,7 @@ class Jobs:
     def __init__(self) -> None:
         self.job = running_job()
         self.reads = 0
+        self.swept: list[list[str]] = []
 
     async def read(self, job_id: str) -> Job:
         assert job_id == self.job.id
@@ -37,18 +40,23 @@ class Jobs:
     def end(self) -> None:
         self.job = dataclasses.replace(self.job, status=JobStatus.SUCCEEDED)
 
+    def ended_among(self, job_ids: list[str]) -> Collection[str]:
+        self.swept.append(job_ids)
+        return [i for i in job_ids if i == self.job.id and self.job.status.is_terminal]
+
 
 @pytest.fixture
-def fast_recheck(monkeypatch: pytest.MonkeyPatch) -> None:
+def fast_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(api.waiter, "RECHECK_S", 0.2)
 
 
-def waiting(key_prefix: str, jobs: Jobs, scenario) -> object:  # type: ignore[no-untyped-def]
+def waiting(key_prefix: str, jobs: Jobs, scenario, *, sweep: bool = True) -> object:  # type: ignore[no-untyped-def]
     """Runs `scenario(waiter, redis)` against a started waiter."""
 
     async def run() -> object:
         redis = AsyncRedis.from_url(REDIS_URL)
-        waiter = JobWaiter(redis, key_prefix=key_prefix)
+        ended_among = jobs.ended_among if sweep else (lambda _ids: ())
+        waiter = JobWaiter(redis, key_prefix=key_prefix, ended_among=ended_among)
         await waiter.start()
         try:
             return await scenario(waiter, redis)
@@ -71,28 +79,48 @@ def test_an_announced_end_wakes_the_wait(key_prefix: str) -> None:
         return await wait
 
     started = time.monotonic()
-    job = waiting(key_prefix, jobs, scenario)
+    job = waiting(key_prefix, jobs, scenario, sweep=False)
     assert job.status is JobStatus.SUCCEEDED
     assert time.monotonic() - started < 10
     assert jobs.reads == 2  # when the wait began, and when woken
 
 
-def test_an_end_whose_announcement_was_lost_is_found_by_a_re_read(
-    key_prefix: str, fast_recheck: None
+def test_an_end_whose_announcement_was_lost_is_found_by_the_sweep(
+    key_prefix: str, fast_sweep: None
 ) -> None:
     jobs = Jobs()
 
     async def scenario(waiter: JobWaiter, redis: AsyncRedis) -> Job:
         wait = asyncio.create_task(waiter.until_ended(jobs.job.id, jobs.read, timeout_s=30))
-        while jobs.reads == 0:
+        while not jobs.swept:  # the sweep sees the job waited on...
             await asyncio.sleep(0.01)
-        jobs.end()  # and nobody announces it
+        jobs.end()  # ...which then ends, and nobody announces it
         return await wait
 
     started = time.monotonic()
     job = waiting(key_prefix, jobs, scenario)
     assert job.status is JobStatus.SUCCEEDED
     assert time.monotonic() - started < 10
+    assert jobs.reads == 2
+    assert all(ids == [jobs.job.id] for ids in jobs.swept)
+
+
+def test_a_wait_reads_the_job_no_more_while_nothing_happens(
+    key_prefix: str, fast_sweep: None
+) -> None:
+    jobs = Jobs()
+
+    async def scenario(waiter: JobWaiter, redis: AsyncRedis) -> Job:
+        wait = asyncio.create_task(waiter.until_ended(jobs.job.id, jobs.read, timeout_s=30))
+        while len(jobs.swept) < 5:  # a second of sweeps
+            await asyncio.sleep(0.01)
+        jobs.end()
+        await redis.publish(done_channel(key_prefix, jobs.job.id), "x")
+        return await wait
+
+    job = waiting(key_prefix, jobs, scenario)
+    assert job.status is JobStatus.SUCCEEDED
+    assert jobs.reads == 2
 
 
 def test_a_client_that_hangs_up_ends_the_wait(key_prefix: str) -> None:
@@ -117,6 +145,6 @@ def test_a_wait_that_times_out_returns_the_job_as_it_is_then(key_prefix: str) ->
     async def scenario(waiter: JobWaiter, redis: AsyncRedis) -> Job:
         return await waiter.until_ended(jobs.job.id, jobs.read, timeout_s=0.3)
 
-    job = waiting(key_prefix, jobs, scenario)
+    job = waiting(key_prefix, jobs, scenario, sweep=False)
     assert job.status is JobStatus.RUNNING
     assert jobs.reads == 2  # at the start and at the deadline

@@ -69,6 +69,15 @@ class EngineSettings(BaseModel):
         default_factory=dict,
         description="Further vLLM engine arguments, as a JSON object.",
     )
+    engine_nice: int | None = Field(
+        None,
+        ge=0,
+        le=19,
+        description="Nice value of vLLM's engine processes: higher gives the cores to the API, "
+        "the worker's own threads, Redis and Postgres first when they need them. Default: 19 "
+        "when the engine runs on the CPU (its processes spin on every core: first tokens "
+        "waited up to seconds for the API to be scheduled), 0 (as started) on a GPU.",
+    )
     engine_step_timeout_s: float = Field(
         300, gt=0, description="An engine step longer than this is a hang: the engine restarts."
     )

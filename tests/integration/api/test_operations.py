@@ -3,6 +3,7 @@ reaches the engine."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -60,6 +61,47 @@ def test_worker_metrics_count_the_jobs_that_ran(stack: Stack) -> None:
     assert any(name.startswith("vllm:") for name, _ in after)
     # No GPU here: no GPU series, and no error.
     assert not any(name.startswith("inferq_gpu_") for name, _ in after)
+
+
+def _processes_under(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], list(children.get(pid, ()))
+    while todo:
+        found.append(todo.pop())
+        todo.extend(children.get(found[-1], ()))
+    return found
+
+
+def _thread_nices(pid: int) -> set[int]:
+    """The nice value of each thread of `pid` (field 19 of its stat)."""
+    nices = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            nices.add(int((task / "stat").read_text().rsplit(")", 1)[1].split()[16]))
+    return nices
+
+
+def test_the_engine_yields_the_cores_to_the_pipeline_on_a_cpu(stack: Stack) -> None:
+    """vLLM's engine processes on the CPU, every thread of theirs, run at nice 19 (they spin
+    on the cores the API, Redis and Postgres need); the worker's own process keeps its
+    priority. Threads started after the worker was ready (the engine's for the jobs here)
+    inherit it."""
+    run_jobs(stack, 2, 4)
+    engine = [
+        pid
+        for pid in _processes_under(stack.worker.pid)
+        if Path(f"/proc/{pid}/comm").read_text().startswith("VLLM::")
+    ]
+    assert len(engine) >= 2, "vLLM on the CPU runs its engine core and its model apart"
+    assert {pid: _thread_nices(pid) for pid in engine} == {pid: {19} for pid in engine}
+    assert _thread_nices(stack.worker.pid) == {0}
 
 
 def test_api_metrics_count_requests_by_route_and_show_queue_depths(stack: Stack) -> None:

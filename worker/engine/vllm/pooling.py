@@ -51,7 +51,9 @@ class VllmPoolingEngine(SteppedVllm):
     @classmethod
     def from_settings(cls, settings: EngineSettings) -> VllmPoolingEngine:
         """Load the model; `EngineStartFailed` with vLLM's reason in one line if it fails."""
-        llm = start_llm(pooling_engine_args(settings), model=settings.model)
+        llm = start_llm(
+            pooling_engine_args(settings), model=settings.model, nice=settings.engine_nice
+        )
         return cls(llm, step_timeout_s=settings.engine_step_timeout_s)
 
     def add(self, request: EngineRequest) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm import LLM
+from vllm.platforms import current_platform
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from inferq.exceptions import EngineError, EngineStartFailed
@@ -120,8 +121,6 @@ def engine_nice(setting: int | None) -> int:
     gets whatever they leave, which is most of it."""
     if setting is not None:
         return setting
-    from vllm.platforms import current_platform
-
     return 19 if current_platform.is_cpu() else 0
 
 

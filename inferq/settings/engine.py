@@ -69,14 +69,14 @@ class EngineSettings(BaseModel):
         default_factory=dict,
         description="Further vLLM engine arguments, as a JSON object.",
     )
-    engine_nice: int | None = Field(
-        None,
+    engine_nice: int = Field(
+        0,
         ge=0,
         le=19,
         description="Nice value of vLLM's engine processes: higher gives the cores to the API, "
-        "the worker's own threads, Redis and Postgres first when they need them. Default: 19 "
-        "when the engine runs on the CPU (its processes spin on every core: first tokens "
-        "waited up to seconds for the API to be scheduled), 0 (as started) on a GPU.",
+        "the worker's own threads, Redis and Postgres first when they need them. On a CPU, "
+        "19 makes first tokens 2-4x sooner under load and costs batch files ~6% of their "
+        "throughput (README, Running on a CPU); 0 leaves the engine as started.",
     )
     engine_step_timeout_s: float = Field(
         300, gt=0, description="An engine step longer than this is a hang: the engine restarts."

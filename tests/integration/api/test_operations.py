@@ -88,11 +88,11 @@ def _thread_nices(pid: int) -> set[int]:
     return nices
 
 
-def test_the_engine_yields_the_cores_to_the_pipeline_on_a_cpu(stack: Stack) -> None:
-    """vLLM's engine processes on the CPU, every thread of theirs, run at nice 19 (they spin
-    on the cores the API, Redis and Postgres need); the worker's own process keeps its
-    priority. Threads started after the worker was ready (the engine's for the jobs here)
-    inherit it."""
+def test_the_engine_yields_the_cores_to_the_pipeline_when_asked(stack: Stack) -> None:
+    """With `INFERQ_ENGINE_NICE=19` (the shared stack's), vLLM's engine processes, every
+    thread of theirs, run at nice 19 (on a CPU they spin on the cores the API, Redis and
+    Postgres need); the worker's own process keeps its priority. Threads started after the
+    worker was ready (the engine's for the jobs here) inherit it."""
     run_jobs(stack, 2, 4)
     engine = [
         pid

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from vllm import LLM
-from vllm.platforms import current_platform
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from inferq.exceptions import EngineError, EngineStartFailed
@@ -86,7 +85,7 @@ def missing_local_adapter(adapters: Mapping[str, str]) -> str | None:
 WATCH_INTERVAL_S = 0.5
 
 
-def start_llm(args: dict[str, Any], *, model: str, nice: int | None = None) -> LLM:
+def start_llm(args: dict[str, Any], *, model: str, nice: int = 0) -> LLM:
     """Load `model` into vLLM's `LLM`, its engine processes at `nice` (`engine_nice`);
     `EngineStartFailed` with vLLM's reason in one line if it fails (its whole output goes
     to the debug log)."""
@@ -105,29 +104,22 @@ def start_llm(args: dict[str, Any], *, model: str, nice: int | None = None) -> L
             "(`inferq doctor` checks this host; INFERQ_LOG_LEVEL=DEBUG shows vLLM's output)"
         ) from failure
     output.release()
-    lower_priority(llm, engine_nice(nice))
+    lower_priority(llm, nice)
     return llm
-
-
-def engine_nice(setting: int | None) -> int:
-    """The nice value of the engine's processes: the setting, else 19 on the CPU, 0 on a GPU.
-
-    On the CPU, vLLM runs the model in a process of its own beside the engine core, and
-    each waits for the other by spinning (`sched_yield` for up to a second after its last
-    message, OpenMP threads between kernels): the two keep every core busy, and the API,
-    the worker's own threads, Redis and Postgres waited for one for up to seconds at a
-    time (measured: 27-43 stalls of 0.2-2.5 s in the API process in 25 s of streamed
-    chats at 16 in flight). Their work is short and the engine's is bulk: at 19 the engine
-    gets whatever they leave, which is most of it."""
-    if setting is not None:
-        return setting
-    return 19 if current_platform.is_cpu() else 0
 
 
 def lower_priority(llm: LLM, nice: int) -> None:
     """Every thread of the engine core's processes and of theirs to `nice` (threads they
     start later inherit it); the worker's own process keeps its priority. Nothing to do for
-    an engine core in this process."""
+    an engine core in this process.
+
+    On a CPU, vLLM runs the model in a process of its own beside the engine core, and each
+    waits for the other by spinning (`sched_yield` for up to a second after its last
+    message, OpenMP threads between kernels): the two keep every core busy, and the API,
+    the worker's own threads, Redis and Postgres waited for one for up to seconds at a
+    time (27-43 stalls of 0.2-2.5 s in the API process in 25 s of streamed chats at 16 in
+    flight). At a higher nice their short work goes first; the engine's own throughput
+    pays where the pipeline is busy (bench/RESULTS.md)."""
     if nice <= 0:
         return
     roots = [p.pid for p in core_processes(llm.llm_engine) if p.pid is not None]

@@ -36,7 +36,7 @@ from inferq.exceptions import InferqError
 log = logging.getLogger(__name__)
 
 # How long a watch waits for Redis to confirm its subscription before it reads the job
-# anyway (it then relies on the re-read timer, as when Redis is down).
+# anyway (it then relies on the sweep, as when Redis is down).
 SUBSCRIBE_TIMEOUT_S = 1.0
 RECONNECT_S = 1.0
 # How often the jobs waited on are looked up in Postgres, in case their announcement

@@ -36,9 +36,10 @@ import psycopg
 from bench import drive, priority, workload
 from bench.compare import engine_args, inferq_env
 from bench.peers import SERVED
-from bench.pipeline import CpuMeter, by_name, descendants
+from bench.pipeline import CpuMeter, by_name
 from bench.stack import ADMIN_KEY, demo_model, deployment
 from cli.demo_model import BENCH
+from inferq.host.processes import descendants
 
 GOAL = 0.97
 

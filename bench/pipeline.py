@@ -30,6 +30,7 @@ from typing import Any
 
 from bench import drive, stack, workload
 from bench.peers import SERVED
+from inferq.host.processes import descendants
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
@@ -41,24 +42,6 @@ def cpu_s(pid: int) -> float:
     except FileNotFoundError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
-
-
-def descendants(pid: int) -> list[int]:
-    """`pid` and every process under it."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        todo.extend(children.get(current, ()))
-    return found
 
 
 def by_name(*names: str) -> list[int]:

@@ -30,9 +30,10 @@ from typing import Any
 from bench import drive, stack, workload
 from bench.compare import engine_args, inferq_env, run_inferq_batch
 from bench.peers import SERVED, served
-from bench.pipeline import CpuMeter, by_name, descendants, profiled
+from bench.pipeline import CpuMeter, by_name, profiled
 from bench.streaming import chat_figures, stream_figures
 from cli.demo_model import BENCH
+from inferq.host.processes import descendants
 
 ENGINE_COMMS = ("VLLM::EngineCor", "VLLM::Worker")
 

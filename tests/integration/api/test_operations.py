@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from inferq.host.processes import descendants
 from tests.conftest import ADMIN_KEY, Stack, new_key_prefix
 from tests.helpers.databases import cloned_database
 from tests.helpers.metrics import Delta, scrape, value
@@ -63,22 +64,6 @@ def test_worker_metrics_count_the_jobs_that_ran(stack: Stack) -> None:
     assert not any(name.startswith("inferq_gpu_") for name, _ in after)
 
 
-def _processes_under(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], list(children.get(pid, ()))
-    while todo:
-        found.append(todo.pop())
-        todo.extend(children.get(found[-1], ()))
-    return found
-
-
 def _thread_nices(pid: int) -> set[int]:
     """The nice value of each thread of `pid` (field 19 of its stat)."""
     nices = set()
@@ -96,7 +81,7 @@ def test_the_engine_yields_the_cores_to_the_pipeline_when_asked(stack: Stack) ->
     run_jobs(stack, 2, 4)
     engine = [
         pid
-        for pid in _processes_under(stack.worker.pid)
+        for pid in descendants(stack.worker.pid)
         if Path(f"/proc/{pid}/comm").read_text().startswith("VLLM::")
     ]
     assert len(engine) >= 2, "vLLM on the CPU runs its engine core and its model apart"

@@ -26,6 +26,7 @@ from vllm import LLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from inferq.exceptions import EngineError, EngineStartFailed
+from inferq.host.processes import descendants
 from inferq.settings import EngineSettings
 from worker.engine.output import HeldOutput, start_failure
 
@@ -123,7 +124,7 @@ def lower_priority(llm: LLM, nice: int) -> None:
     if nice <= 0:
         return
     roots = [p.pid for p in core_processes(llm.llm_engine) if p.pid is not None]
-    for pid in _with_descendants(roots):
+    for pid in descendants(*roots):
         with contextlib.suppress(FileNotFoundError):
             for tid in os.listdir(f"/proc/{pid}/task"):
                 with contextlib.suppress(ProcessLookupError):
@@ -135,27 +136,6 @@ def core_processes(engine: Any) -> list[Any]:
     """The engine core processes of vLLM's `LLMEngine` (none for a core in this process)."""
     resources = getattr(engine.engine_core, "resources", None)
     return list(getattr(getattr(resources, "engine_manager", None), "processes", ()))
-
-
-def _with_descendants(roots: list[int]) -> list[int]:
-    """`roots` and every process under them (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], list(roots)
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, ()))
-    return found
 
 
 class SteppedVllm:

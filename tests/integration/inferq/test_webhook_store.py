@@ -13,7 +13,7 @@ import pytest
 from inferq.domain.jobs import JobError, JobOutcome
 from inferq.domain.webhooks import Attempt, DeliveryState, WebhookRequest
 from inferq.store.engine import make_engine, make_sessions
-from inferq.store.jobs import JobStore
+from inferq.store.jobs import JobStore, NewJob
 from inferq.store.migrate import upgrade
 from inferq.store.webhooks import WebhookStore
 from tests.helpers.clock import Clock
@@ -89,6 +89,34 @@ def test_deliveries_are_written_with_results_for_the_events_asked(stores: Stores
     [endpoint] = hooks.endpoints(scope="t")
     assert endpoint.secret.startswith("whsec_")
     assert hooks.endpoints(scope="someone-else") == []
+
+
+def test_jobs_submitted_together_with_and_without_a_webhook_each_keep_their_own(
+    stores: Stores,
+) -> None:
+    jobs, hooks, _ = stores
+    url = "https://hooks.example.com/mixed"
+    hooked, plain, failing = jobs.submit_jobs(
+        [
+            NewJob(spec=job_spec("a"), tenant="t", webhook=WebhookRequest(url)),
+            NewJob(spec=job_spec("b"), tenant="t"),
+            NewJob(spec=job_spec("c"), tenant="t", webhook=WebhookRequest(url, ["job.failed"])),
+        ],
+        queue="interactive",
+        requeue_after_s=60,
+    )
+    assert [jobs.get_job(j.id).prompt for j in (hooked, plain, failing)] == ["a", "b", "c"]
+    jobs.finish_jobs(
+        [
+            JobOutcome(job_id=hooked.id, result=job_result()),
+            JobOutcome(job_id=plain.id, error=JobError(code="x", message="y")),
+            JobOutcome(job_id=failing.id, error=JobError(code="x", message="y")),
+        ]
+    )
+    deliveries, _ = hooks.page(scope="t")
+    assert sorted((d.job_id, d.event) for d in deliveries) == sorted(
+        [(hooked.id, "job.succeeded"), (failing.id, "job.failed")]
+    )
 
 
 def test_a_claim_leases_each_due_delivery_to_one_sender(stores: Stores, clock: Clock) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import Select, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from inferq.domain.jobs import JobStatus
@@ -27,17 +27,23 @@ class EndedLine:
     completion_tokens: int | None
 
 
-# One statement, built once: the rows of the batches of some jobs, locked in id order.
-_LOCK_BATCHES_OF = (
-    select(BatchRow.id)
-    .where(
-        BatchRow.id.in_(
-            select(JobRow.batch_id).where(JobRow.id.in_(bindparam("ids", expanding=True)))
+def batches_of_locked(ids: str) -> Select[str]:
+    """The rows of the batches of the jobs whose ids the list parameter `ids` holds,
+    locked in id order."""
+    return (
+        select(BatchRow.id)
+        .where(
+            BatchRow.id.in_(
+                select(JobRow.batch_id).where(JobRow.id.in_(bindparam(ids, expanding=True)))
+            )
         )
+        .order_by(BatchRow.id)
+        .with_for_update()
     )
-    .order_by(BatchRow.id)
-    .with_for_update()
-)
+
+
+# One statement, built once.
+_LOCK_BATCHES_OF = batches_of_locked("ids")
 
 
 def lock_batches_of(session: Session, job_ids: Collection[str]) -> None:

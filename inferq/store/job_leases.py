@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import timedelta
 
-from sqlalchemy import and_, bindparam, or_, select, update
+from sqlalchemy import and_, bindparam, func, or_, select, update
 
 from inferq.domain.jobs import ClaimedJob, JobOutcome, JobStatus
-from inferq.store.batch_counts import count_finished, lock_batches_of
+from inferq.store.batch_counts import batches_of_locked, count_finished
 from inferq.store.bulk import update_rows
 from inferq.store.job_rows import ACTIVE, CLAIMED_COLUMNS, claimed_job, outcome_values
 from inferq.store.models import JobRow, Timestamp
@@ -41,7 +41,11 @@ _CLAIM = (
 )
 
 
-# The rows of jobs a flush ends, locked, if they are still queued or running.
+# The rows of jobs a flush ends, locked, if they are still queued or running; their
+# batches' rows locked first (see inferq/store/batch_counts.py for the order), in the same
+# statement: the count is a sub-select that refers to nothing outside it, so Postgres runs
+# it once, before it reads a job row ("InitPlan", then "One-Time Filter" in EXPLAIN). One
+# round trip a flush fewer than a separate lock.
 _FINISHING = (
     select(
         JobRow.id,
@@ -51,8 +55,13 @@ _FINISHING = (
         JobRow.batch_id,
         JobRow.prompt_tokens,
     )
-    .where(JobRow.id.in_(bindparam("ids", expanding=True)), JobRow.status.in_(ACTIVE))
-    .with_for_update()
+    .where(
+        JobRow.id.in_(bindparam("ids", expanding=True)),
+        JobRow.status.in_(ACTIVE),
+        select(func.count()).select_from(batches_of_locked("ids").subquery()).scalar_subquery()
+        >= 0,
+    )
+    .with_for_update(of=JobRow)
 )
 
 
@@ -153,7 +162,6 @@ class JobLeases(OutboxStore):
         now = self._clock()
         ids = [o.job_id for o in outcomes]
         with self._transaction() as session:
-            lock_batches_of(session, ids)
             rows = session.connection().execute(_FINISHING, {"ids": ids}).all()
             live = {row.id for row in rows}
             values = {o.job_id: outcome_values(o, now) for o in outcomes if o.job_id in live}

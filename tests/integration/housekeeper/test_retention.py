@@ -3,7 +3,9 @@ clock the tests move: what goes when, what stays, and that nothing is half-visib
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from alembic import command
-from sqlalchemy import func, insert, select
+from sqlalchemy import Connection, create_engine, func, insert, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from housekeeper.retention import CHUNK_ROWS, Retention
@@ -26,6 +28,7 @@ from inferq.store.idempotency import IdempotencyStore, IdempotentRequest
 from inferq.store.jobs import JobStore
 from inferq.store.migrate import alembic_config, upgrade
 from inferq.store.models import (
+    BatchRow,
     FileChunkRow,
     FileRow,
     IdempotencyKeyRow,
@@ -296,6 +299,52 @@ def test_batch_counters_agree_with_the_lines_through_every_way_a_line_ends(
         )
     assert by_status == {"succeeded": 3, "failed": 1, "cancelled": 6}
     assert stores.batches.get(batch_id).counts == counts
+
+
+def test_a_flush_ending_lines_waits_for_their_batch_before_it_locks_a_line(
+    database_url: str, postgres_stores: Stores
+) -> None:
+    """Lines are ended with their batch's row locked first, as a cancel locks them; a
+    flush that locked a line first would deadlock against a cancel holding the batch."""
+    stores = postgres_stores
+    batch_id, [line] = _batch(stores, 1, expires_after_s=None)
+    stores.jobs.claim_jobs([line], worker="w", lease_s=60)
+    engine = create_engine(database_url)
+    with engine.connect() as cancel, engine.connect() as probe:
+        cancel.execute(select(BatchRow.id).where(BatchRow.id == batch_id).with_for_update())
+        with ThreadPoolExecutor(1) as pool:
+            flush = pool.submit(
+                stores.jobs.finish_jobs, [JobOutcome(job_id=line, result=job_result())]
+            )
+            try:
+                _until_a_lock_is_awaited(probe)
+                # The flush waits on the batch, holding no line: the line is free to lock.
+                probe.execute(text("SET LOCAL lock_timeout = '1ms'"))
+                locked = probe.execute(
+                    select(JobRow.id).where(JobRow.id == line).with_for_update()
+                ).all()
+                assert [row.id for row in locked] == [line]
+                probe.rollback()
+                assert not flush.done()
+            finally:
+                cancel.rollback()  # the cancel ends: the flush goes on
+            assert flush.result(timeout=30) == [line]
+    engine.dispose()
+    assert stores.batches.get(batch_id).counts.completed == 1
+
+
+def _until_a_lock_is_awaited(connection: Connection, timeout_s: float = 30) -> None:
+    """Returns once some session of this database waits on a lock."""
+    deadline = time.monotonic() + timeout_s
+    query = text(
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    while not connection.execute(query).scalar():
+        connection.rollback()
+        assert time.monotonic() < deadline, "the flush never waited on the batch's lock"
+        time.sleep(0.01)
+    connection.rollback()
 
 
 def _size(lines: int) -> FileSize:

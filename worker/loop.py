@@ -214,14 +214,20 @@ class EngineLoop:
             self._metrics.jobs_finished.labels("succeeded", reason).inc()
             self._metrics.prompt_tokens.inc(result.prompt_tokens)
             self._metrics.generation_tokens.inc(result.completion_tokens)
+            interactive = is_interactive(entry.request.priority)
             self._speed.finished(
                 prompt_tokens=result.prompt_tokens,
                 completion_tokens=result.completion_tokens,
                 max_tokens=entry.request.sampling.max_tokens * entry.request.sampling.n,
-                interactive=is_interactive(entry.request.priority),
+                interactive=interactive,
             )
             self._on_outcome(
-                JobOutcome(job_id=item.job_id, result=result, started_at=entry.admitted_at)
+                JobOutcome(
+                    job_id=item.job_id,
+                    result=result,
+                    started_at=entry.admitted_at,
+                    bulk=not interactive,
+                )
             )
 
     def _apply_aborts(self) -> None:

@@ -4,6 +4,13 @@ Only after the commit are the waiting tasks released (and so their messages
 acknowledged). If the database is down, the writer keeps the outcomes and retries; if
 one outcome cannot be stored at all, it is written alone as a failure, so one bad
 result never blocks the others.
+
+A flush costs about the same for one result as for dozens. Someone waits on a single
+job's result, so it goes at once after a quiet spell, and `flush_ms` after the last write
+under load. Nobody waits on one batch line's: those wait up to `bulk_wait_s` for company
+(or until `BULK_GATHER` of them), unless a single job's result comes and takes them along.
+Where an engine finishes few lines a second, that is several lines a transaction instead
+of one (on a 2-core CPU host, the writer's CPU was the pipeline's largest cost per line).
 """
 
 from __future__ import annotations
@@ -22,6 +29,9 @@ log = logging.getLogger(__name__)
 
 MAX_FLUSH = 512
 MAX_BACKOFF_S = 5.0
+BULK_WAIT_S = 0.25
+# Few enough that the jobs they hold back from the capacity gate are not missed.
+BULK_GATHER = 32
 
 
 class ResultWriter:
@@ -33,9 +43,11 @@ class ResultWriter:
         store: WorkerStore,
         flush_ms: int,
         on_committed: Callable[[Sequence[JobOutcome], Sequence[str]], None],
+        bulk_wait_s: float = BULK_WAIT_S,
     ) -> None:
         self._store = store
         self._flush_s = flush_ms / 1000
+        self._bulk_wait_s = bulk_wait_s
         self._on_committed = on_committed
         self._queue: queue.SimpleQueue[JobOutcome | None] = queue.SimpleQueue()
         self._pending = 0  # put and not yet committed
@@ -76,8 +88,9 @@ class ResultWriter:
         if first is None:
             return [], True
         batch = [first]
-        deadline = max(time.monotonic(), not_before)
-        while len(batch) < MAX_FLUSH:
+        urgent = max(time.monotonic(), not_before)
+        deadline = urgent if not first.bulk else max(urgent, time.monotonic() + self._bulk_wait_s)
+        while len(batch) < (MAX_FLUSH if deadline <= urgent else BULK_GATHER):
             try:
                 item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
@@ -85,6 +98,8 @@ class ResultWriter:
             if item is None:
                 return batch, True
             batch.append(item)
+            if not item.bulk:
+                deadline = min(deadline, urgent)
         return batch, False
 
     def _write(self, batch: list[JobOutcome]) -> None:

@@ -281,6 +281,9 @@ class JobOutcome:
     result: JobResult | None = None
     error: JobError | None = None
     started_at: datetime | None = None
+    # A batch line's: nobody waits on it alone, so its write may wait to share a
+    # transaction with others (worker/writer.py).
+    bulk: bool = False
 
     @property
     def status(self) -> JobStatus:

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from inferq.broker.token_stream import JobDelta, RunStarted, TokenEvent
-from inferq.domain.jobs import JobOutcome, SamplingParams
+from inferq.domain.jobs import JobOutcome, SamplingParams, engine_priority
 from tests.helpers.fakes import StepEngine
 from tests.helpers.waiting import wait_until
 from worker.admission import AdmissionQueue
@@ -64,7 +64,7 @@ class Harness:
         value = self.registry.get_sample_value(name, labels)
         return 0.0 if value is None else value
 
-    def submit(self, lengths: dict[str, int], *, stream: bool = False) -> None:
+    def submit(self, lengths: dict[str, int], *, stream: bool = False, bulk: bool = False) -> None:
         self.admission.put(
             [
                 EngineRequest(
@@ -72,10 +72,11 @@ class Harness:
                     prompt_token_ids=[1, 2],
                     sampling=SamplingParams(max_tokens=n),
                     stream=stream,
+                    priority=engine_priority(0, interactive=not bulk),
                 )
                 for job_id, n in lengths.items()
             ],
-            interactive=False,
+            interactive=not bulk,
         )
 
     def wait_for(self, count: int, timeout_s: float = 5) -> None:
@@ -111,6 +112,15 @@ def test_finished_sequences_make_room_for_pending_ones_at_once(make_harness) -> 
     full_steps = sum(1 for size in engine.batch_sizes if size == 4)
     assert full_steps >= 0.9 * (30 * 2 / 3)
     assert all(o.result is not None for o in harness.outcomes.values())
+
+
+def test_a_batch_lines_outcome_says_so_for_the_writer(make_harness) -> None:
+    harness = make_harness(engine=StepEngine(), max_num_seqs=4)
+    harness.submit({"line": 2}, bulk=True)
+    harness.submit({"job": 2})
+    harness.wait_for(2)
+    assert harness.outcomes["line"].bulk
+    assert not harness.outcomes["job"].bulk
 
 
 def test_in_flight_never_exceeds_max_num_seqs(make_harness) -> None:

@@ -83,7 +83,8 @@ class ResultWriter:
 
     def _gather(self, *, not_before: float) -> tuple[list[JobOutcome], bool]:
         """The next results to write. Under load writes are `flush_ms` apart, each carrying
-        what finished meanwhile; a result that ends a quiet spell goes at once."""
+        what finished meanwhile; a single job's result that ends a quiet spell goes at once,
+        batch lines wait for company (see the module's doc)."""
         first = self._queue.get()
         if first is None:
             return [], True

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -78,6 +79,62 @@ class CpuMeter:
             name: sum(seconds - self._before[name].get(pid, 0.0) for pid, seconds in pids.items())
             for name, pids in after.items()
         }
+
+
+def thread_cpu_s(pid: int) -> dict[int, float]:
+    """CPU seconds each thread of a process has used, by thread id ({} once gone)."""
+    seconds = {}
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:
+        return {}
+    for task in tasks:
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        seconds[int(task.name)] = (int(fields[11]) + int(fields[12])) / TICKS_PER_S
+    return seconds
+
+
+def thread_names(pid: int) -> dict[int, str]:
+    """Each Python thread's name by thread id, from `py-spy dump` (numbers in a name
+    dropped, so a pool's threads share one: `ThreadPoolExecutor-*`); {} without py-spy.
+    Threads that run no Python (a tokenizer's, say) are not named."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        return {}
+    dumped = subprocess.run(
+        [spy, "dump", "--pid", str(pid), "--json"], capture_output=True, text=True, check=False
+    )
+    if dumped.returncode != 0:
+        return {}
+    return {
+        thread["os_thread_id"]: re.sub(r"\d+", "*", thread["thread_name"] or "unnamed")
+        for thread in json.loads(dumped.stdout)
+    }
+
+
+class ThreadMeter:
+    """CPU seconds per named thread of some processes between `start` and `stop`
+    (threads that run no Python are counted as "native")."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self._pids = pids
+        self._before: dict[str, dict[int, float]] = {}
+
+    def start(self) -> None:
+        self._before = {name: thread_cpu_s(pid) for name, pid in self._pids.items()}
+
+    def stop(self) -> dict[str, dict[str, float]]:
+        spent: dict[str, dict[str, float]] = {}
+        for name, pid in self._pids.items():
+            after, names = thread_cpu_s(pid), thread_names(pid)
+            threads: Counter[str] = Counter()
+            for tid, seconds in after.items():
+                threads[names.get(tid, "native")] += seconds - self._before[name].get(tid, 0.0)
+            spent[name] = dict(threads.most_common())
+        return spent
 
 
 @contextmanager
@@ -189,19 +246,26 @@ def run(requests: int, concurrency: int, profile: Path | None) -> dict[str, Any]
             "online_chats": lambda u, b: chats(u, b, concurrency=concurrency),
         }
         pids = {"api": api.popen.pid, "worker": worker.popen.pid}
+        threads = ThreadMeter(pids)
         for step, call in steps.items():
             meter.start()
+            threads.start()
             started = time.perf_counter()
             with profiled(pids, profile, step):
                 figures = call(base_url, bodies)
             seconds = time.perf_counter() - started
             cpu = meter.stop()
+            named = threads.stop()
             results[step] = {
                 "requests": requests,
                 "concurrency": concurrency,
                 "requests_per_s": requests / seconds,
                 "cpu_ms_per_request": {k: 1000 * v / requests for k, v in cpu.items()},
                 "cores": {k: v / seconds for k, v in cpu.items()},
+                "thread_ms_per_request": {
+                    process: {name: round(1000 * v / requests, 3) for name, v in spent.items()}
+                    for process, spent in named.items()
+                },
                 "client": figures,
             }
             print(step, json.dumps(results[step], indent=1), flush=True)

@@ -2,6 +2,7 @@
 `vllm serve`'s front end, on the real engine and the same prompts, in one run.
 
     python -m bench.request_cpu [--requests 1000] [--concurrency 64] [--profile DIR]
+    python -m bench.request_cpu --targets      # issue 33's plan: 16, 64 and 256 in flight
 
 Serve's front end is its API server process (HTTP, chat template, tokenizer, detokenizer
 and output handling); its engine core runs in processes under it. inferq's side is every
@@ -14,6 +15,11 @@ under it, as serve's), the delivery worker and beat, Postgres and Redis. Both fr
 - inferq-batch: the same requests as one batch file, from upload to the output read.
 Prints each step's CPU per request and its ratio to serve's front end for the same kind
 of request (batch lines and jobs: to serve's non-streamed chats), and the tokens/s ratio.
+The API's and the GPU worker's CPU are also given per thread, named by `py-spy dump`
+where py-spy is installed.
+`--targets` runs issue 33's plan instead of every step at one concurrency: streamed chats
+at 16 (the first-token target there), every step at 64, single jobs and chats at 256 (the
+throughput target there); each step's name then ends in `@<concurrency>`.
 `--profile DIR` records the API and the GPU worker with py-spy during inferq's steps.
 """
 
@@ -30,12 +36,24 @@ from typing import Any
 from bench import drive, stack, workload
 from bench.compare import engine_args, inferq_env, run_inferq_batch
 from bench.peers import SERVED, served
-from bench.pipeline import CpuMeter, by_name, profiled
+from bench.pipeline import CpuMeter, ThreadMeter, by_name, profiled
 from bench.streaming import chat_figures, stream_figures
 from cli.demo_model import BENCH
 from inferq.host.processes import descendants
 
 ENGINE_COMMS = ("VLLM::EngineCor", "VLLM::Worker")
+
+# Which kinds of request run at which concurrency; `--targets` runs TARGET_PLAN.
+Plan = dict[int, tuple[str, ...]]
+KINDS = ("jobs", "chats", "streamed", "batch")
+TARGET_PLAN: Plan = {16: ("streamed",), 64: KINDS, 256: ("jobs", "chats")}
+# The kind of serve request each kind of inferq request is held against.
+SERVE_KIND = {"jobs": "chats", "chats": "chats", "streamed": "streamed", "batch": "chats"}
+
+
+def step_name(plan: Plan, side: str, kind: str, concurrency: int) -> str:
+    """`serve-chats`, `inferq-jobs`...; with `@<concurrency>` when the plan has several."""
+    return f"{side}-{kind}" if len(plan) == 1 else f"{side}-{kind}@{concurrency}"
 
 
 def _is_engine(pid: int) -> bool:
@@ -66,10 +84,15 @@ def engine(pid: int) -> Callable[[], list[int]]:
 
 
 @contextmanager
-def measured(meter: CpuMeter, results: dict[str, Any], step: str) -> Iterator[dict[str, Any]]:
-    """The block's figures (it fills the dict it is given) with the CPU each group spent."""
+def measured(
+    meter: CpuMeter, results: dict[str, Any], step: str, threads: ThreadMeter | None = None
+) -> Iterator[dict[str, Any]]:
+    """The block's figures (it fills the dict it is given) with the CPU each group spent,
+    and each named thread of `threads`'s processes."""
     figures: dict[str, Any] = {}
     meter.start()
+    if threads is not None:
+        threads.start()
     yield figures
     cpu = meter.stop()
     requests = figures["requests"]
@@ -78,6 +101,11 @@ def measured(meter: CpuMeter, results: dict[str, Any], step: str) -> Iterator[di
         "cpu_s": cpu,
         "cpu_ms_per_request": {k: 1000 * v / requests for k, v in cpu.items()},
     }
+    if threads is not None:
+        results[step]["thread_ms_per_request"] = {
+            process: {name: round(1000 * v / requests, 3) for name, v in named.items()}
+            for process, named in threads.stop().items()
+        }
     print(step, json.dumps(results[step]), flush=True)
 
 
@@ -85,17 +113,23 @@ def serve_steps(
     engine_settings: dict[str, Any],
     bodies: list[dict[str, Any]],
     *,
-    concurrency: int,
+    plan: Plan,
     workdir: Path,
     results: dict[str, Any],
 ) -> None:
     with served(engine_settings, workdir) as (server, url):
         meter = CpuMeter({"front": lambda: [server.pid], "engine": engine(server.pid)})
-        chat_figures(url, bodies[:concurrency], concurrency=concurrency, api_key=None)  # warm
-        with measured(meter, results, "serve-chats") as figures:
-            figures.update(chat_figures(url, bodies, concurrency=concurrency, api_key=None))
-        with measured(meter, results, "serve-streamed") as figures:
-            figures.update(stream_figures(url, bodies, concurrency=concurrency, api_key=None))
+        threads = ThreadMeter({"front": server.pid})
+        warm = max(plan)
+        chat_figures(url, bodies[:warm], concurrency=warm, api_key=None)
+        for concurrency, kinds in plan.items():
+            for kind in ("chats", "streamed"):
+                if kind not in {SERVE_KIND[k] for k in kinds}:
+                    continue
+                figures_of = chat_figures if kind == "chats" else stream_figures
+                step = step_name(plan, "serve", kind, concurrency)
+                with measured(meter, results, step, threads) as figures:
+                    figures.update(figures_of(url, bodies, concurrency=concurrency, api_key=None))
 
 
 def inferq_steps(
@@ -103,7 +137,7 @@ def inferq_steps(
     engine_settings: dict[str, Any],
     bodies: list[dict[str, Any]],
     *,
-    concurrency: int,
+    plan: Plan,
     workdir: Path,
     profile: Path | None,
     results: dict[str, Any],
@@ -134,49 +168,61 @@ def inferq_steps(
             }
         )
         url = running.url
-        drive.inferq_jobs(url, bodies[:concurrency], concurrency=concurrency)  # warm
-        steps: dict[str, Callable[[], dict[str, Any]]] = {
-            "inferq-jobs": lambda: drive.inferq_jobs(url, bodies, concurrency=concurrency),
-            "inferq-chats": lambda: chat_figures(
-                url, bodies, concurrency=concurrency, api_key=stack.ADMIN_KEY
-            ),
-            "inferq-streamed": lambda: stream_figures(
-                url, bodies, concurrency=concurrency, api_key=stack.ADMIN_KEY
-            ),
-            "inferq-batch": lambda: run_inferq_batch(url, batch_file),
-        }
+        warm = max(plan)
+        drive.inferq_jobs(url, bodies[:warm], concurrency=warm)
+
+        def call(kind: str, concurrency: int) -> dict[str, Any]:
+            if kind == "jobs":
+                return drive.inferq_jobs(url, bodies, concurrency=concurrency)
+            if kind == "batch":
+                return run_inferq_batch(url, batch_file)
+            figures_of = chat_figures if kind == "chats" else stream_figures
+            return figures_of(url, bodies, concurrency=concurrency, api_key=stack.ADMIN_KEY)
+
         pids = {"api": running.api.popen.pid, "worker": worker}
-        for step, call in steps.items():
-            with profiled(pids, profile, step), measured(meter, results, step) as figures:
-                figures.update(call())
+        threads = ThreadMeter(pids)
+        for concurrency, kinds in plan.items():
+            for kind in KINDS:
+                if kind not in kinds:
+                    continue
+                step = step_name(plan, "inferq", kind, concurrency)
+                with (
+                    profiled(pids, profile, step),
+                    measured(meter, results, step, threads) as figures,
+                ):
+                    figures.update(call(kind, concurrency))
 
 
-PEER = {
-    "inferq-jobs": "serve-chats",
-    "inferq-chats": "serve-chats",
-    "inferq-streamed": "serve-streamed",
-    "inferq-batch": "serve-chats",
-}
 OURS = ("api", "worker", "service", "postgres", "redis")
 
 
-def summary(results: dict[str, Any]) -> list[str]:
+def summary(results: dict[str, Any], plan: Plan) -> list[str]:
     """Each inferq step's CPU per request beside the engine, and its ratios to serve."""
     lines = []
-    for step, peer in PEER.items():
-        ours, theirs = results.get(step), results.get(peer)
-        if not ours or not theirs:
-            continue
-        per = ours["cpu_ms_per_request"]
-        total = sum(per[k] for k in OURS)
-        serve_ms = theirs["cpu_ms_per_request"]["front"]
-        parts = ", ".join(f"{k} {per[k]:.2f}" for k in OURS)
-        lines.append(
-            f"{step}: {total:.2f} ms a request ({parts}) vs serve's front end "
-            f"{serve_ms:.2f} ms: {total / serve_ms:.2f}x (target 1.5x); tokens/s "
-            f"{ours['tokens_per_s']:.0f} vs {theirs['tokens_per_s']:.0f}: "
-            f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.3f}x"
-        )
+    for concurrency, kinds in plan.items():
+        for kind in kinds:
+            ours = results.get(step_name(plan, "inferq", kind, concurrency))
+            theirs = results.get(step_name(plan, "serve", SERVE_KIND[kind], concurrency))
+            if not ours or not theirs:
+                continue
+            per = ours["cpu_ms_per_request"]
+            total = sum(per[k] for k in OURS)
+            serve_ms = theirs["cpu_ms_per_request"]["front"]
+            parts = ", ".join(f"{k} {per[k]:.2f}" for k in OURS)
+            line = (
+                f"{kind} at {concurrency}: {total:.2f} ms a request ({parts}) vs serve's front "
+                f"end {serve_ms:.2f} ms: {total / serve_ms:.2f}x (target 1.5x); tokens/s "
+                f"{ours['tokens_per_s']:.0f} vs {theirs['tokens_per_s']:.0f}: "
+                f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.3f}x"
+            )
+            if kind == "streamed":
+                line += (
+                    f"; TTFT p50 {1000 * ours['ttft_p50_s']:.0f} vs "
+                    f"{1000 * theirs['ttft_p50_s']:.0f} ms "
+                    f"(+{1000 * (ours['ttft_p50_s'] - theirs['ttft_p50_s']):.0f}); TPOT p50 "
+                    f"{ours['tpot_p50_s'] / theirs['tpot_p50_s']:.2f}x"
+                )
+            lines.append(line)
     return lines
 
 
@@ -184,6 +230,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--targets", action="store_true", help="issue 33's plan (see above)")
     parser.add_argument("--model", type=Path, default=None, help="default: the bench model")
     parser.add_argument("--gpu", action="store_true", help="the reference GPU settings")
     parser.add_argument("--skip", default="", help="serve and/or inferq")
@@ -202,25 +249,24 @@ def main() -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"requests": args.requests, "concurrency": args.concurrency}
+    plan: Plan = TARGET_PLAN if args.targets else {args.concurrency: KINDS}
+    results: dict[str, Any] = {"requests": args.requests, "plan": plan}
     started = time.time()
     if "serve" not in skip:
-        serve_steps(
-            settings, bodies, concurrency=args.concurrency, workdir=workdir, results=results
-        )
+        serve_steps(settings, bodies, plan=plan, workdir=workdir, results=results)
     if "inferq" not in skip:
         inferq_steps(
             model,
             settings,
             bodies,
-            concurrency=args.concurrency,
+            plan=plan,
             workdir=workdir,
             profile=args.profile,
             results=results,
         )
     results["wall_s"] = time.time() - started
     args.out.write_text(json.dumps(results, indent=1) + "\n")
-    print("\n".join(["", *summary(results)]))
+    print("\n".join(["", *summary(results, plan)]))
 
 
 if __name__ == "__main__":

@@ -62,11 +62,14 @@ async def streamed(client: aiohttp.ClientSession, body: dict[str, Any]) -> dict[
             # tokens that decode to nothing until the end), but not the role chunk.
             if any("role" not in c.get("delta", {}) for c in chunk["choices"]):
                 stamps.append(time.perf_counter())
+    ended = time.perf_counter()
     if not stamps or usage is None:
         raise RuntimeError(f"a stream ended without output ({len(stamps)}) or usage ({usage})")
     tokens = int(usage["completion_tokens"])
     return {
         "ttft_s": stamps[0] - started,
+        # From the last output to the end of the stream (the usage chunk, `[DONE]`).
+        "tail_s": ended - stamps[-1],
         "tpot_s": (stamps[-1] - stamps[0]) / (tokens - 1) if tokens > 1 else None,
         "gaps_s": [b - a for a, b in itertools.pairwise(stamps)],
         "tokens": tokens,
@@ -105,6 +108,8 @@ def stream_figures(
         "tpot_p50_s": statistics.median(tpot),
         "tpot_p99_s": _p(tpot, 99),
         "chunk_gap_p50_s": statistics.median(gaps),
+        "tail_p50_s": statistics.median(r["tail_s"] for r in runs),
+        "tail_p99_s": _p([r["tail_s"] for r in runs], 99),
     }
 
 

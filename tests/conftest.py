@@ -207,7 +207,7 @@ def stack(
             # Small file limits, so the tests can go past them cheaply.
             INFERQ_MAX_BATCH_LINES="5000",
             INFERQ_MAX_FILE_BYTES=str(8 * 1024 * 1024),
-            # The engine yields the cores to the pipeline (the default leaves it as started).
+            # The whole engine yields the cores to the pipeline (by default its core alone does).
             INFERQ_ENGINE_NICE="19",
             **WEBHOOK_SETTINGS,
         )

@@ -157,6 +157,15 @@ def wait_worker_ready(worker: ServiceProcess, timeout_s: float = 240) -> None:
     worker.wait_until(log_contains(worker, " ready."), timeout_s=timeout_s, what="consuming")
 
 
+def thread_nices(pid: int) -> set[int]:
+    """The nice value of each thread of `pid` (field 19 of its stat)."""
+    nices = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            nices.add(int((task / "stat").read_text().rsplit(")", 1)[1].split()[16]))
+    return nices
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -16,10 +16,11 @@ import pytest
 from openai import BadRequestError, NotFoundError, OpenAI, UnprocessableEntityError
 from sqlalchemy import select
 
+from inferq.host.processes import descendants
 from inferq.store.models import JobRow
 from tests.conftest import ADMIN_KEY
 from tests.helpers.broker import Broker
-from tests.helpers.processes import http_ok
+from tests.helpers.processes import http_ok, thread_nices
 from tests.helpers.waiting import wait_until
 from tests.integration.api.conftest import (
     ADAPTER,
@@ -98,6 +99,36 @@ def test_each_models_jobs_run_on_that_models_worker(models_stack: ModelsStack) -
     assert worker_of(models_stack, jobs[CHAT_MODEL].json()["id"]) == f"{CHAT_MODEL}@test"
     assert worker_of(models_stack, jobs[ADAPTER].json()["id"]) == f"{CHAT_MODEL}@test"
     assert worker_of(models_stack, jobs[OTHER_MODEL].json()["id"]) == f"{OTHER_MODEL}@test"
+
+
+def test_each_engine_core_yields_the_cores_by_default_and_the_model_keeps_its_own(
+    models_stack: ModelsStack,
+) -> None:
+    """With no nice set, each worker's vLLM engine core (on a CPU it runs the model in a
+    process of its own, and only schedules and spins itself) runs at nice 19, every thread
+    of it, those started for work after the start too; the model's process and the
+    worker's own keep their priority. Generating and pooling workers alike."""
+    client = openai_client(models_stack)
+    completion(client, CHAT_MODEL)
+    client.embeddings.create(model=EMBEDDING_MODEL, input=["a"])
+    for model in (CHAT_MODEL, EMBEDDING_MODEL):
+        worker = models_stack.workers[model].pid
+        engine = [pid for pid in descendants(worker) if _comm(pid).startswith("VLLM::")]
+        cores = [pid for pid in engine if _parent(pid) == worker]
+        runners = [pid for pid in engine if pid not in cores]
+        assert cores, f"{model}: no engine core under the worker"
+        assert runners, f"{model}: vLLM on the CPU runs its engine core and its model apart"
+        assert {pid: thread_nices(pid) for pid in cores} == {pid: {19} for pid in cores}
+        assert {pid: thread_nices(pid) for pid in runners} == {pid: {0} for pid in runners}
+        assert thread_nices(worker) == {0}
+
+
+def _comm(pid: int) -> str:
+    return Path(f"/proc/{pid}/comm").read_text().strip()
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def test_an_adapter_changes_the_output_of_the_same_seeded_request(

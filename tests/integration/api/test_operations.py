@@ -3,7 +3,6 @@ reaches the engine."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ from tests.conftest import ADMIN_KEY, Stack, new_key_prefix
 from tests.helpers.databases import cloned_database
 from tests.helpers.metrics import Delta, scrape, value
 from tests.helpers.models import register_model
-from tests.helpers.processes import free_port, start_api
+from tests.helpers.processes import free_port, start_api, thread_nices
 from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.engine
@@ -64,15 +63,6 @@ def test_worker_metrics_count_the_jobs_that_ran(stack: Stack) -> None:
     assert not any(name.startswith("inferq_gpu_") for name, _ in after)
 
 
-def _thread_nices(pid: int) -> set[int]:
-    """The nice value of each thread of `pid` (field 19 of its stat)."""
-    nices = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):
-            nices.add(int((task / "stat").read_text().rsplit(")", 1)[1].split()[16]))
-    return nices
-
-
 def test_the_engine_yields_the_cores_to_the_pipeline_when_asked(stack: Stack) -> None:
     """With `INFERQ_ENGINE_NICE=19` (the shared stack's), vLLM's engine processes, every
     thread of theirs, run at nice 19 (on a CPU they spin on the cores the API, Redis and
@@ -85,8 +75,8 @@ def test_the_engine_yields_the_cores_to_the_pipeline_when_asked(stack: Stack) ->
         if Path(f"/proc/{pid}/comm").read_text().startswith("VLLM::")
     ]
     assert len(engine) >= 2, "vLLM on the CPU runs its engine core and its model apart"
-    assert {pid: _thread_nices(pid) for pid in engine} == {pid: {19} for pid in engine}
-    assert _thread_nices(stack.worker.pid) == {0}
+    assert {pid: thread_nices(pid) for pid in engine} == {pid: {19} for pid in engine}
+    assert thread_nices(stack.worker.pid) == {0}
 
 
 def test_api_metrics_count_requests_by_route_and_show_queue_depths(stack: Stack) -> None:

@@ -4,7 +4,12 @@ failure, never the worker's)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -13,7 +18,9 @@ import pytest
 
 from inferq.domain.jobs import SamplingParams
 from inferq.exceptions import EngineStartFailed, RequestRejected
+from inferq.host.processes import descendants
 from inferq.settings import Settings
+from tests.helpers.processes import thread_nices
 from worker.engine.protocol import EngineRequest
 
 
@@ -103,3 +110,54 @@ def test_an_adapter_vllm_cannot_load_fails_the_start_and_closes_the_engine() -> 
     with pytest.raises(EngineStartFailed, match=r"adapter 'big' from /adapters/big: .*rank 32"):
         engine.load_adapters()
     assert core.shut_down
+
+
+# A stand-in for vLLM's engine core on a CPU: a thread of its own, and the model's
+# process under it; prints the model process's pid, then waits to be killed.
+_CORE = """
+import subprocess, sys, threading, time
+threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+model = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(model.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize(
+    ("nice", "core_nice", "core_gets", "model_gets"),
+    [(0, 19, 19, 0), (5, 19, 19, 5), (19, 0, 19, 19), (0, 0, 0, 0)],
+)
+def test_the_engine_core_alone_is_lowered_unless_the_whole_engine_is(
+    nice: int, core_nice: int, core_gets: int, model_gets: int
+) -> None:
+    """`engine_core_nice` lowers every thread of the core and nothing under it;
+    `engine_nice` lowers the model's process too, and the core to the higher of the two."""
+    from worker.engine.vllm.core import lower_priority
+
+    with subprocess.Popen([sys.executable, "-c", _CORE], stdout=subprocess.PIPE, text=True) as core:
+        try:
+            assert core.stdout is not None
+            model = int(core.stdout.readline())
+            ours = os.nice(0)  # what the processes started with (0 unless run under nice)
+            lower_priority([core.pid], nice=nice, core_nice=core_nice)
+            assert thread_nices(core.pid) == {max(ours, core_gets)}
+            assert len(list(Path(f"/proc/{core.pid}/task").iterdir())) == 2
+            assert thread_nices(model) == {max(ours, model_gets)}
+            assert thread_nices(os.getpid()) == {ours}
+        finally:
+            for pid in descendants(core.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize(("backend", "apart"), [("mp", True), ("uni", False), ("ray", False)])
+def test_only_a_core_whose_model_runs_in_processes_of_its_own_counts_as_apart(
+    backend: str, apart: bool
+) -> None:
+    from worker.engine.vllm.core import runs_model_apart
+
+    config = SimpleNamespace(parallel_config=SimpleNamespace(distributed_executor_backend=backend))
+    llm = SimpleNamespace(llm_engine=SimpleNamespace(vllm_config=config))
+    assert runs_model_apart(llm) is apart  # type: ignore[arg-type]

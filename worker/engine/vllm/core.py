@@ -18,7 +18,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +86,9 @@ def missing_local_adapter(adapters: Mapping[str, str]) -> str | None:
 WATCH_INTERVAL_S = 0.5
 
 
-def start_llm(args: dict[str, Any], *, model: str, nice: int = 0) -> LLM:
-    """Load `model` into vLLM's `LLM`, its engine processes at `nice` (`engine_nice`);
+def start_llm(args: dict[str, Any], *, model: str, nice: int = 0, core_nice: int = 0) -> LLM:
+    """Load `model` into vLLM's `LLM`, its engine processes at `nice` (`engine_nice`) and
+    a core that does not run the model at `core_nice` (`engine_core_nice`);
     `EngineStartFailed` with vLLM's reason in one line if it fails (its whole output goes
     to the debug log)."""
     log.info("loading %s into vLLM", model, extra={"engine_args": args})
@@ -105,31 +106,49 @@ def start_llm(args: dict[str, Any], *, model: str, nice: int = 0) -> LLM:
             "(`inferq doctor` checks this host; INFERQ_LOG_LEVEL=DEBUG shows vLLM's output)"
         ) from failure
     output.release()
-    lower_priority(llm, nice)
+    cores = [p.pid for p in core_processes(llm.llm_engine) if p.pid is not None]
+    lower_priority(cores, nice=nice, core_nice=core_nice if runs_model_apart(llm) else 0)
     return llm
 
 
-def lower_priority(llm: LLM, nice: int) -> None:
-    """Every thread of the engine core's processes and of theirs to `nice` (threads they
-    start later inherit it); the worker's own process keeps its priority. Nothing to do for
-    an engine core in this process.
+def lower_priority(cores: Sequence[int], *, nice: int, core_nice: int) -> None:
+    """Every thread of the engine core processes `cores` and of their processes to `nice`;
+    the cores' own threads to `core_nice` if that is higher (threads started later inherit
+    it); the worker's own process keeps its priority.
 
     On a CPU, vLLM runs the model in a process of its own beside the engine core, and each
     waits for the other by spinning (`sched_yield` for up to a second after its last
     message, OpenMP threads between kernels): the two keep every core busy, and the API,
     the worker's own threads, Redis and Postgres waited for one for up to seconds at a
     time (27-43 stalls of 0.2-2.5 s in the API process in 25 s of streamed chats at 16 in
-    flight). At a higher nice their short work goes first; the engine's own throughput
-    pays where the pipeline is busy (bench/RESULTS.md)."""
-    if nice <= 0:
-        return
-    roots = [p.pid for p in core_processes(llm.llm_engine) if p.pid is not None]
-    for pid in descendants(*roots):
+    flight). At a higher nice their short work goes first. The core only schedules there,
+    so lowering it alone costs the engine little; lowering the model's process too costs
+    its throughput where the pipeline is busy (bench/RESULTS.md)."""
+    lowered = {pid: nice for pid in descendants(*cores)} if nice > 0 else {}
+    if core_nice > nice:
+        lowered.update(dict.fromkeys(cores, core_nice))
+    for pid, value in lowered.items():
         with contextlib.suppress(FileNotFoundError):
             for tid in os.listdir(f"/proc/{pid}/task"):
                 with contextlib.suppress(ProcessLookupError):
-                    os.setpriority(os.PRIO_PROCESS, int(tid), nice)
-    log.info("vLLM's engine processes run at nice %d (INFERQ_ENGINE_NICE)", nice)
+                    # Lowered only: a thread already at a higher nice keeps it.
+                    current = os.getpriority(os.PRIO_PROCESS, int(tid))
+                    os.setpriority(os.PRIO_PROCESS, int(tid), max(value, current))
+    if lowered:
+        log.info(
+            "vLLM's engine processes run at nice %d, its core at %d "
+            "(INFERQ_ENGINE_NICE, INFERQ_ENGINE_CORE_NICE)",
+            nice,
+            max(nice, core_nice),
+        )
+
+
+def runs_model_apart(llm: LLM) -> bool:
+    """Whether vLLM's engine core runs the model in processes of its own (its
+    multiprocessing executor: always on a CPU, and for tensor parallelism), leaving the
+    core itself to schedule and wait."""
+    parallel = llm.llm_engine.vllm_config.parallel_config
+    return bool(parallel.distributed_executor_backend == "mp")
 
 
 def core_processes(engine: Any) -> list[Any]:

@@ -117,22 +117,26 @@ def thread_names(pid: int) -> dict[int, str]:
 
 class ThreadMeter:
     """CPU seconds per named thread of some processes between `start` and `stop`
-    (threads that run no Python are counted as "native")."""
+    (threads that run no Python are counted as "native"; those that ended meanwhile, an
+    idle pool thread say, as "ended")."""
 
     def __init__(self, pids: dict[str, int]) -> None:
         self._pids = pids
-        self._before: dict[str, dict[int, float]] = {}
+        self._before: dict[str, tuple[float, dict[int, float]]] = {}
 
     def start(self) -> None:
-        self._before = {name: thread_cpu_s(pid) for name, pid in self._pids.items()}
+        self._before = {name: (cpu_s(pid), thread_cpu_s(pid)) for name, pid in self._pids.items()}
 
     def stop(self) -> dict[str, dict[str, float]]:
         spent: dict[str, dict[str, float]] = {}
         for name, pid in self._pids.items():
-            after, names = thread_cpu_s(pid), thread_names(pid)
+            total, after, names = cpu_s(pid), thread_cpu_s(pid), thread_names(pid)
+            total_before, before = self._before[name]
             threads: Counter[str] = Counter()
             for tid, seconds in after.items():
-                threads[names.get(tid, "native")] += seconds - self._before[name].get(tid, 0.0)
+                threads[names.get(tid, "native")] += seconds - before.get(tid, 0.0)
+            # A process's own figure keeps what its ended threads used.
+            threads["ended"] = max(0.0, total - total_before - sum(threads.values()))
             spent[name] = dict(threads.most_common())
         return spent
 

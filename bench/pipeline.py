@@ -36,13 +36,18 @@ from inferq.host.processes import descendants
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
+def _stat_cpu_s(stat: Path) -> float | None:
+    """User + system CPU seconds in a `/proc` stat file, or None once it is gone."""
+    try:
+        fields = stat.read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
+
+
 def cpu_s(pid: int) -> float:
     """CPU seconds (user + system) a process and its threads have used, or 0 once gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
+    return _stat_cpu_s(Path(f"/proc/{pid}/stat")) or 0.0
 
 
 def by_name(*names: str) -> list[int]:
@@ -83,18 +88,12 @@ class CpuMeter:
 
 def thread_cpu_s(pid: int) -> dict[int, float]:
     """CPU seconds each thread of a process has used, by thread id ({} once gone)."""
-    seconds = {}
     try:
         tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except FileNotFoundError:
         return {}
-    for task in tasks:
-        try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
-            continue
-        seconds[int(task.name)] = (int(fields[11]) + int(fields[12])) / TICKS_PER_S
-    return seconds
+    seconds = {int(task.name): _stat_cpu_s(task / "stat") for task in tasks}
+    return {tid: s for tid, s in seconds.items() if s is not None}
 
 
 def thread_names(pid: int) -> dict[int, str]:

@@ -123,8 +123,9 @@ def serve_steps(
         warm = max(plan)
         chat_figures(url, bodies[:warm], concurrency=warm, api_key=None)
         for concurrency, kinds in plan.items():
+            wanted = {SERVE_KIND[k] for k in kinds}
             for kind in ("chats", "streamed"):
-                if kind not in {SERVE_KIND[k] for k in kinds}:
+                if kind not in wanted:
                     continue
                 figures_of = chat_figures if kind == "chats" else stream_figures
                 step = step_name(plan, "serve", kind, concurrency)

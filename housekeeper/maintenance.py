@@ -24,8 +24,10 @@ report goes to Redis (`retention:passes`, newest first) for operators and benche
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -33,6 +35,8 @@ from datetime import datetime, timedelta
 from typing import cast
 
 from redis import Redis
+from redis.exceptions import LockError, RedisError
+from redis.lock import Lock
 
 from housekeeper.retention import Retention
 from inferq.broker.celery_app import JobPublisher
@@ -52,6 +56,9 @@ from inferq.store.job_publishing import DueJob, JobPublishing
 log = logging.getLogger(__name__)
 
 BATCH_LIMIT = 10_000
+LOCK_S = 15
+"""How long a pass's lock outlives its holder: a housekeeper killed mid-pass holds up the
+next pass this long at most. A pass renews it while it runs, however long it takes."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +86,7 @@ class Maintenance:
         webhooks_due: Callable[[], bool],
         retention: Retention,
         served_models: Callable[[], Iterable[str]] = tuple,
-        lock_s: int = 300,
+        lock_s: float = LOCK_S,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self._store = store
@@ -101,16 +108,36 @@ class Maintenance:
         self._retention_key = key_prefix + RETENTION_PASSES_KEY
 
     def run_once(self) -> MaintenanceReport:
-        token = uuid.uuid4().hex
-        if not self._redis.set(self._lock_key, token, nx=True, ex=self._lock_s):
+        # Not thread-local: the thread that renews it must see the token.
+        lock = self._redis.lock(self._lock_key, timeout=self._lock_s, thread_local=False)
+        if not lock.acquire(blocking=False):
             return MaintenanceReport(redis_lost=False, republished=0, skipped=True)
+        ended = threading.Event()
+        renewing = threading.Thread(
+            target=self._renew, args=(lock, ended), name="maintenance-lock", daemon=True
+        )
+        renewing.start()
         try:
             report = self._run()
             self._redis.set(self._last_run_key, self._clock().isoformat())
             return report
         finally:
-            if self._redis.get(self._lock_key) == token.encode():
-                self._redis.delete(self._lock_key)
+            ended.set()
+            renewing.join()
+            # It may have lapsed (Redis lost it, or was away past the lock's time).
+            with contextlib.suppress(LockError):
+                lock.release()
+
+    def _renew(self, lock: Lock, ended: threading.Event) -> None:
+        """Keep the lock while the pass runs, so a long pass holds it and a dead one
+        frees it within `lock_s`."""
+        while not ended.wait(self._lock_s / 3):
+            try:
+                lock.reacquire()
+            except (LockError, RedisError) as exc:
+                # Another pass may start meanwhile: harmless, passes are safe to overlap.
+                log.warning("maintenance could not renew its lock: %s", exc)
+                return
 
     def _run(self) -> MaintenanceReport:
         # SET NX succeeds only when the key is missing: the first pass ever, or Redis

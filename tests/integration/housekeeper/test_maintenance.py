@@ -3,14 +3,17 @@ what it leaves alone."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from redis import Redis
 
 from housekeeper.maintenance import Maintenance, _job_ids
-from housekeeper.retention import Retention
+from housekeeper.retention import Retention, RetentionReport
 from inferq.app import App
 from inferq.broker.celery_app import JobPublisher, make_celery
 from inferq.domain.jobs import JobSpec, JobStatus, SamplingParams
@@ -47,20 +50,26 @@ class Harness:
         )
         self.app = App(settings, pool_size=2)
         self.publisher = JobPublisher(self.app.celery, bulk_chunk_size=2)
-        self.maintenance = Maintenance(
+        # Kept for ever: these tests look at what is published again, not deleted.
+        self.maintenance = self.maintenance_with(
+            Retention(self.app.retention, job_retention_s=0, webhook_retention_s=0)
+        )
+
+    def maintenance_with(self, retention: Retention, **options: Any) -> Maintenance:
+        return Maintenance(
             store=self.store,
             publisher=self.publisher,
             redis=self.redis,
-            key_prefix=key_prefix,
+            key_prefix=self.prefix,
             requeue_after_s=3600,
             stranded_after_s=30,
             batches=self.app.batch_lifecycle,
             estimates=self.app.batch_estimates,
             webhooks_due=self.app.webhooks.due,
-            # Kept for ever: these tests look at what is published again, not deleted.
-            retention=Retention(self.app.retention, job_retention_s=0, webhook_retention_s=0),
+            retention=retention,
             served_models=lambda: ["m"],
             clock=self.clock,
+            **options,
         )
 
     def create(self, count: int, queue: str = INTERACTIVE_QUEUE) -> list[str]:
@@ -144,6 +153,44 @@ def test_after_redis_loses_everything_every_queued_job_is_published_again(
 def test_one_pass_at_a_time(harness: Harness) -> None:
     harness.redis.set(harness.prefix + "maintenance:lock", "someone-else", ex=60)
     assert harness.maintenance.run_once().skipped
+
+
+class HeldRetention(Retention):
+    """Retention that holds its pass until told to go on: a long pass."""
+
+    def __init__(self, retention: Retention) -> None:
+        self._retention = retention
+        self.entered, self.go_on = threading.Event(), threading.Event()
+
+    def run_once(self) -> RetentionReport:
+        self.entered.set()
+        self.go_on.wait(timeout=60)
+        return self._retention.run_once()
+
+
+def test_a_long_pass_keeps_its_lock_and_a_killed_one_frees_it_within_the_locks_time(
+    harness: Harness,
+) -> None:
+    lock_s = 0.6
+    held = HeldRetention(Retention(harness.app.retention, job_retention_s=0, webhook_retention_s=0))
+    long_pass = harness.maintenance_with(held, lock_s=lock_s)
+    running = threading.Thread(target=long_pass.run_once)
+    running.start()
+    try:
+        assert held.entered.wait(timeout=30)
+        lock_key = harness.prefix + "maintenance:lock"
+        # For several times the lock's time, every other pass is skipped: the pass renews
+        # its lock. Its time left never exceeds lock_s, which is how long a housekeeper
+        # killed mid-pass (no renewals any more) holds up the next pass.
+        until = time.monotonic() + 4 * lock_s
+        while time.monotonic() < until:
+            assert harness.maintenance.run_once().skipped
+            assert 0 < harness.redis.pttl(lock_key) <= lock_s * 1000
+    finally:
+        held.go_on.set()
+        running.join(timeout=60)
+    assert not harness.redis.exists(lock_key)  # let go at the end
+    assert not harness.maintenance.run_once().skipped
 
 
 @pytest.mark.parametrize("publish", ["bulk", "interactive"])

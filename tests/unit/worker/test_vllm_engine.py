@@ -161,3 +161,70 @@ def test_only_a_core_whose_model_runs_in_processes_of_its_own_counts_as_apart(
     config = SimpleNamespace(parallel_config=SimpleNamespace(distributed_executor_backend=backend))
     llm = SimpleNamespace(llm_engine=SimpleNamespace(vllm_config=config))
     assert runs_model_apart(llm) is apart  # type: ignore[arg-type]
+
+
+# Calls `lower_group` in a process of its own, leading a session or not; prints what it
+# returned and what its scheduling group reads after.
+_GROUP = """
+import sys
+from pathlib import Path
+from inferq.host.processes import lower_group
+autogroup = Path(sys.argv[2])
+print(lower_group(int(sys.argv[1]), autogroup=autogroup))
+print(autogroup.read_text().split()[-1] if autogroup.exists() else None)
+"""
+
+
+def _lowered(nice: int, autogroup: Path, *, leader: bool = True) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", _GROUP, str(nice), str(autogroup)],
+        capture_output=True,
+        text=True,
+        check=True,
+        start_new_session=leader,
+        timeout=60,
+    )
+    return done.stdout.split()
+
+
+def test_a_worker_leading_its_session_lowers_its_scheduling_group_and_only_lowers_it(
+    tmp_path: Path,
+) -> None:
+    """Written as the kernel's /proc/PID/autogroup reads ("/autogroup-7 nice 0")."""
+    group = tmp_path / "autogroup"
+    group.write_text("/autogroup-7 nice 0\n")
+    assert _lowered(10, group) == ["10", "10"]
+    assert _lowered(5, group) == ["10", "10"]  # a higher nice is kept
+    assert _lowered(0, group) == ["None", "10"]  # 0: left alone
+    group.write_text("/autogroup-7 nice 0\n")
+    # A session the worker does not lead is another's (a shell's, a test runner's).
+    assert _lowered(10, group, leader=False) == ["None", "0"]
+    # A kernel that does not group by session has no such file.
+    assert _lowered(10, tmp_path / "none") == ["None", "None"]
+
+
+def test_the_lowered_nice_is_the_whole_sessions_and_no_one_elses() -> None:
+    """On this kernel's own file: a process leading its session lowers the group its
+    children run in, where the kernel groups by session; ours is untouched."""
+    real = Path("/proc/self/autogroup")
+    ours = real.read_text() if real.exists() else None
+    code = (
+        "import subprocess; from inferq.host.processes import lower_group; "
+        "print(lower_group(12)); "
+        "print(subprocess.run(['cat', '/proc/self/autogroup'], capture_output=True, "
+        "text=True).stdout.split()[-1:] or ['None'])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=False,
+        start_new_session=True,
+        timeout=60,
+    )
+    returned, child = done.stdout.splitlines()
+    if ours is None:
+        assert returned == "None"
+    else:
+        assert (returned, child) == ("12", "['12']")
+        assert real.read_text() == ours

@@ -26,7 +26,7 @@ from vllm import LLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from inferq.exceptions import EngineError, EngineStartFailed
-from inferq.host.processes import descendants
+from inferq.host.processes import descendants, lower_group
 from inferq.settings import EngineSettings
 from worker.engine.output import HeldOutput, start_failure
 
@@ -86,9 +86,12 @@ def missing_local_adapter(adapters: Mapping[str, str]) -> str | None:
 WATCH_INTERVAL_S = 0.5
 
 
-def start_llm(args: dict[str, Any], *, model: str, nice: int = 0, core_nice: int = 0) -> LLM:
+def start_llm(
+    args: dict[str, Any], *, model: str, nice: int = 0, core_nice: int = 0, group_nice: int = 0
+) -> LLM:
     """Load `model` into vLLM's `LLM`, its engine processes at `nice` (`engine_nice`) and
-    a core that does not run the model at `core_nice` (`engine_core_nice`);
+    a core that does not run the model at `core_nice` (`engine_core_nice`), and then this
+    worker's scheduling group at `group_nice` (`engine_group_nice`);
     `EngineStartFailed` with vLLM's reason in one line if it fails (its whole output goes
     to the debug log)."""
     log.info("loading %s into vLLM", model, extra={"engine_args": args})
@@ -107,7 +110,10 @@ def start_llm(args: dict[str, Any], *, model: str, nice: int = 0, core_nice: int
         ) from failure
     output.release()
     cores = [p.pid for p in core_processes(llm.llm_engine) if p.pid is not None]
-    lower_priority(cores, nice=nice, core_nice=core_nice if runs_model_apart(llm) else 0)
+    apart = runs_model_apart(llm)
+    lower_priority(cores, nice=nice, core_nice=core_nice if apart else 0)
+    if apart:
+        lower_group(group_nice)
     return llm
 
 

@@ -73,6 +73,7 @@ class VllmEngine(SteppedVllm):
             model=settings.model,
             nice=settings.engine_nice,
             core_nice=settings.engine_core_nice,
+            group_nice=settings.engine_group_nice,
         )
         engine = cls(
             llm,

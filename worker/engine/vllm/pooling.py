@@ -56,6 +56,7 @@ class VllmPoolingEngine(SteppedVllm):
             model=settings.model,
             nice=settings.engine_nice,
             core_nice=settings.engine_core_nice,
+            group_nice=settings.engine_group_nice,
         )
         return cls(llm, step_timeout_s=settings.engine_step_timeout_s)
 

@@ -90,16 +90,16 @@ class EngineSettings(BaseModel):
         "itself (one GPU) is left alone.",
     )
     engine_group_nice: int = Field(
-        5,
+        0,
         ge=0,
         le=19,
         description="Nice value of the worker's scheduling group (its session, where Linux "
-        "groups tasks by session) where the model runs in processes of its own (vLLM on a "
-        "CPU). The kernel shares the cores between groups first, so the engine's processes, "
-        "which spin while they wait for each other, kept the API, Redis and Postgres from "
-        "running for up to 2 s at a time; at 5 those go first. Streamed chats on two cores: "
-        "first tokens p99 0.11 s against 0.85 s at 16 in flight, 0.48 s against 2.3 s at 64, "
-        "tokens/s unchanged (README, Running on a CPU). 0 leaves the group as it is.",
+        "groups tasks by session and the worker leads its own) where the model runs in "
+        "processes of its own (vLLM on a CPU). The kernel shares the cores between groups "
+        "first, and the engine's processes spin while they wait for each other: at 5 the "
+        "API, Redis and Postgres go first, and streamed first tokens at p99 come in 0.13 s "
+        "instead of 0.9-2.2 s on two cores, at the cost of up to 19% of the tokens/s at 64 "
+        "streams (README, Running on a CPU). 0 leaves the group as it is.",
     )
     engine_step_timeout_s: float = Field(
         300, gt=0, description="An engine step longer than this is a hang: the engine restarts."

@@ -52,6 +52,7 @@ def models_stack(
             CHAT_MODEL: {
                 "INFERQ_SERVED_MODEL_NAME": CHAT_MODEL,
                 "INFERQ_LORA_ADAPTERS": f"{ADAPTER}={adapter}",
+                "INFERQ_ENGINE_GROUP_NICE": "5",
             },
             OTHER_MODEL: {"INFERQ_SERVED_MODEL_NAME": OTHER_MODEL},
             EMBEDDING_MODEL: {

@@ -86,14 +86,12 @@ def missing_local_adapter(adapters: Mapping[str, str]) -> str | None:
 WATCH_INTERVAL_S = 0.5
 
 
-def start_llm(
-    args: dict[str, Any], *, model: str, nice: int = 0, core_nice: int = 0, group_nice: int = 0
-) -> LLM:
-    """Load `model` into vLLM's `LLM`, its engine processes at `nice` (`engine_nice`) and
-    a core that does not run the model at `core_nice` (`engine_core_nice`), and then this
-    worker's scheduling group at `group_nice` (`engine_group_nice`);
-    `EngineStartFailed` with vLLM's reason in one line if it fails (its whole output goes
-    to the debug log)."""
+def start_llm(args: dict[str, Any], settings: EngineSettings) -> LLM:
+    """Load the model into vLLM's `LLM` with `args`, then lower its engine processes to
+    `engine_nice`, a core that does not run the model to `engine_core_nice`, and this
+    worker's scheduling group to `engine_group_nice`; `EngineStartFailed` with vLLM's
+    reason in one line if it fails (its whole output goes to the debug log)."""
+    model = settings.model
     log.info("loading %s into vLLM", model, extra={"engine_args": args})
     failure: Exception | None = None
     with HeldOutput() as output:
@@ -111,9 +109,11 @@ def start_llm(
     output.release()
     cores = [p.pid for p in core_processes(llm.llm_engine) if p.pid is not None]
     apart = runs_model_apart(llm)
-    lower_priority(cores, nice=nice, core_nice=core_nice if apart else 0)
+    lower_priority(
+        cores, nice=settings.engine_nice, core_nice=settings.engine_core_nice if apart else 0
+    )
     if apart:
-        lower_group(group_nice)
+        lower_group(settings.engine_group_nice)
     return llm
 
 

@@ -68,13 +68,7 @@ class VllmEngine(SteppedVllm):
         missing = missing_local_adapter(settings.lora_adapters)
         if missing is not None:
             raise EngineStartFailed(missing)
-        llm = start_llm(
-            engine_args(settings),
-            model=settings.model,
-            nice=settings.engine_nice,
-            core_nice=settings.engine_core_nice,
-            group_nice=settings.engine_group_nice,
-        )
+        llm = start_llm(engine_args(settings), settings)
         engine = cls(
             llm,
             step_timeout_s=settings.engine_step_timeout_s,

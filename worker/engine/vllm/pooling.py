@@ -51,13 +51,7 @@ class VllmPoolingEngine(SteppedVllm):
     @classmethod
     def from_settings(cls, settings: EngineSettings) -> VllmPoolingEngine:
         """Load the model; `EngineStartFailed` with vLLM's reason in one line if it fails."""
-        llm = start_llm(
-            pooling_engine_args(settings),
-            model=settings.model,
-            nice=settings.engine_nice,
-            core_nice=settings.engine_core_nice,
-            group_nice=settings.engine_group_nice,
-        )
+        llm = start_llm(pooling_engine_args(settings), settings)
         return cls(llm, step_timeout_s=settings.engine_step_timeout_s)
 
     def add(self, request: EngineRequest) -> None:

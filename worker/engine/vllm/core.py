@@ -25,12 +25,26 @@ from typing import Any
 from vllm import LLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
+try:
+    from vllm.exceptions import VLLMClientError
+except ImportError:  # vLLM 0.25 (the CUDA build for torch 2.11): its request errors are ValueErrors
+    VLLMClientError = ValueError
+
 from inferq.exceptions import EngineError, EngineStartFailed
 from inferq.host.processes import descendants, lower_group
 from inferq.settings import EngineSettings
 from worker.engine.output import HeldOutput, start_failure
 
 log = logging.getLogger(__name__)
+
+# What vLLM raises for one request it refuses (OverflowError: a number it cannot send to its
+# core, after its front end took the request).
+REQUEST_REFUSED: tuple[type[Exception], ...] = (
+    ValueError,
+    TypeError,
+    OverflowError,
+    VLLMClientError,
+)
 
 
 def engine_args(settings: EngineSettings) -> dict[str, Any]:

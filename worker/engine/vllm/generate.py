@@ -11,7 +11,6 @@ from typing import Any
 
 from vllm import LLM
 from vllm import SamplingParams as VllmSamplingParams
-from vllm.exceptions import VLLMClientError
 from vllm.lora.request import LoRARequest
 from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
@@ -23,7 +22,13 @@ from inferq.exceptions import EngineError, EngineStartFailed, RequestRejected
 from inferq.settings import EngineSettings
 from worker.engine.protocol import EngineRequest, Finished
 from worker.engine.tool_calls import with_tool_calls
-from worker.engine.vllm.core import SteppedVllm, engine_args, missing_local_adapter, start_llm
+from worker.engine.vllm.core import (
+    REQUEST_REFUSED,
+    SteppedVllm,
+    engine_args,
+    missing_local_adapter,
+    start_llm,
+)
 from worker.engine.vllm.tools import AutoToolParser
 
 
@@ -112,9 +117,8 @@ class VllmEngine(SteppedVllm):
             )
         except EngineDeadError as exc:
             raise EngineError(str(exc)) from exc
-        except (ValueError, TypeError, OverflowError, VLLMClientError) as exc:
-            # vLLM refusing one request (OverflowError: a number it cannot send to its core,
-            # after its front end took the request: forget it there).
+        except REQUEST_REFUSED as exc:
+            # vLLM refusing one request, perhaps after its front end took it: forget it there.
             with contextlib.suppress(Exception):
                 self._engine.abort_request([request.job_id])
             raise RequestRejected(f"the engine refused the request: {exc}") from exc

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm import LLM
-from vllm.exceptions import VLLMClientError
 from vllm.outputs import PoolingRequestOutput
 from vllm.pooling_params import PoolingParams
 from vllm.v1.engine.exceptions import EngineDeadError
@@ -25,7 +24,7 @@ from inferq.domain.jobs import JobResult
 from inferq.exceptions import EngineError, RequestRejected
 from inferq.settings import EngineSettings
 from worker.engine.protocol import EngineRequest, Finished
-from worker.engine.vllm.core import SteppedVllm, engine_args, start_llm
+from worker.engine.vllm.core import REQUEST_REFUSED, SteppedVllm, engine_args, start_llm
 
 # A decoder-only model (`*ForCausalLM`) becomes an embedding model by pooling the last
 # token's hidden state; vLLM leaves a model that pools already as it is.
@@ -70,7 +69,7 @@ class VllmPoolingEngine(SteppedVllm):
                 )
             except EngineDeadError as exc:
                 raise EngineError(str(exc)) from exc
-            except (ValueError, TypeError, OverflowError, VLLMClientError) as exc:
+            except REQUEST_REFUSED as exc:
                 # The inputs taken already, and this one if vLLM's front end took it.
                 with contextlib.suppress(Exception):
                     self._engine.abort_request(added)

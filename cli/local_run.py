@@ -314,9 +314,11 @@ def _rechunk(chunks: Iterator[list[str]], size: int) -> Iterator[list[str]]:
 
 
 def _consumers(settings: Settings) -> int:
-    """Enough threads to keep the runtime's gate full, like the worker's Celery pool."""
-    held = settings.max_num_seqs + settings.max_batch_size
-    return max(2, -(-held // settings.effective_bulk_chunk_size) + 1)
+    """As many threads as the worker's Celery pool has. A thread holds its chunk until the
+    chunk's last line ends, so with long-tailed lengths most threads wait on one or two
+    lines each: a thread per chunk of a full gate left the engine a quarter full while
+    lines waited (`python -m bench.paced`)."""
+    return settings.effective_worker_concurrency
 
 
 def _sha256(path: Path) -> str:

@@ -95,6 +95,7 @@ def test_the_readme_example_runs_on_the_demo_model(cache: Path, tmp_path: Path) 
     said = log.read_text()
     assert "NOT a real language model" in said
     assert "16 succeeded, 0 failed of 16 lines" in said
+    assert "loaded in" in said
     assert "tok/s" in said
     inputs = _read_jsonl(ROOT / "examples" / "prompts.jsonl")
     lines = _read_jsonl(out)

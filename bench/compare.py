@@ -5,7 +5,8 @@
 
 Systems, each in processes of its own, one after another:
 - engine: every prompt through one `LLM.generate` call (the limit);
-- run-batch: `vllm run-batch` on the same file in OpenAI Batch format;
+- inferq-run: `inferq run` on the same file in OpenAI Batch format (SQLite, no services);
+- run-batch: `vllm run-batch` on that file;
 - serve, serve-256: vLLM's OpenAI server (one process), at concurrency 64 and 256;
 - inferq-batch: the file through `POST /v1/batches` until its output file is read;
 - inferq-jobs-64, inferq-jobs: the same prompts as single `POST /v1/jobs` submissions, at
@@ -15,8 +16,10 @@ Systems, each in processes of its own, one after another:
 - priority: interactive jobs while a big batch saturates the engine (`bench.priority`);
 - pipeline: inferq with the pipeline-only engine (no model): jobs/s through API, Redis, worker
   and Postgres, for batch lines and for single jobs.
-Every step's name works with --skip. Prints a table of tokens/s with ratios to the engine
-limit, and writes the figures (JSON) and a chart (PNG) to --out.
+inferq-run and run-batch are timed over their processing: their wall time less their
+engine's load (which each notes). Every step's name works with --skip. Prints a table of
+tokens/s with ratios to the engine limit, and writes the figures (JSON, after each step)
+and a chart (PNG) to --out.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any, Literal
 import openai
 
 from bench import drive, stack, workload
+from bench.local_run import run_inferq_local
 from bench.peers import SERVED, run_engine, run_run_batch, serve, throughput
 from bench.priority import run_priority
 from bench.report import CONCURRENCIES, chart, single_key, table
@@ -48,6 +52,7 @@ PIPELINE_SINGLE_JOBS = 5000
 PIPELINE_CONCURRENCY = 256
 STEPS = (
     "engine",
+    "inferq-run",
     "run-batch",
     *(single_key("serve", c) for c in CONCURRENCIES),
     "inferq-batch",
@@ -223,8 +228,9 @@ def run_pipeline(workdir: Path, lines: int) -> dict[str, Any]:
 class Steps:
     """Runs the steps --skip leaves in, printing and keeping each one's figures."""
 
-    def __init__(self, skip: set[str]) -> None:
+    def __init__(self, skip: set[str], out: Path) -> None:
         self.skip = skip
+        self.out = out
         self.results: dict[str, Any] = {}
 
     def wanted(self, *names: str) -> bool:
@@ -236,6 +242,10 @@ class Steps:
         print(f"-- {name}", flush=True)
         self.results[name] = run()
         print(json.dumps(self.results[name]), flush=True)
+        self.save()  # what ran is kept if a later step fails or the run is cut short
+
+    def save(self) -> None:
+        self.out.write_text(json.dumps(self.results, indent=2) + "\n")
 
 
 def _parse() -> argparse.Namespace:
@@ -320,8 +330,8 @@ def _inferq_steps(
 
 def main() -> None:
     args = _parse()
-    steps = Steps(set(filter(None, args.skip.split(","))))
     args.out.mkdir(parents=True, exist_ok=True)
+    steps = Steps(set(filter(None, args.skip.split(","))), args.out / "compare.json")
     from transformers import AutoTokenizer
 
     model = args.model or stack.demo_model(BENCH, "bench")
@@ -348,8 +358,13 @@ def main() -> None:
     bodies = [workload.body(r, SERVED) for r in requests]
 
     steps.run("engine", lambda: run_engine(requests_json, engine, workdir))
-    load_s = steps.results.get("engine", {}).get("load_s", 0.0)
-    steps.run("run-batch", lambda: run_run_batch(batch_file, engine, workdir, load_s))
+    local_env = {
+        **inferq_env(engine),
+        "INFERQ_MODEL": str(model),
+        "INFERQ_SERVED_MODEL_NAME": SERVED,
+    }
+    steps.run("inferq-run", lambda: run_inferq_local(batch_file, local_env, workdir))
+    steps.run("run-batch", lambda: run_run_batch(batch_file, engine, workdir))
     _serve_steps(steps, engine, workdir, bodies)
     _inferq_steps(
         steps,
@@ -362,7 +377,7 @@ def main() -> None:
     )
     steps.run("pipeline", lambda: run_pipeline(workdir, args.pipeline_lines))
     results = steps.results
-    (args.out / "compare.json").write_text(json.dumps(results, indent=2) + "\n")
+    steps.save()
     if len(results) > 1:  # more than the expected tokens
         print("\n" + table(results))
         chart(results, args.out / "compare.png")

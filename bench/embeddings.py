@@ -6,9 +6,9 @@ run-batch` on the same file, model and engine settings, in one run.
 
 Every line embeds one text of about 20 to 200 tokens (log-normal, random tokens decoded
 to text). Both systems run the model through vLLM's pooling runner (a `*ForCausalLM`
-converted to embeddings: the last token's hidden state, normalised). run-batch loads its
-model inside the timed run: a one-line run-batch measures that start-up, which is taken
-off. Embeddings generate nothing: the rates are inputs/s and prompt tokens/s (from each
+converted to embeddings: the last token's hidden state, normalised). run-batch's time is
+its processing: its wall time less its engine's load (`bench.run_batch` notes when that
+ends). Embeddings generate nothing: the rates are inputs/s and prompt tokens/s (from each
 output's `usage`). Checks that every line has a vector in both outputs and that the two
 systems' vectors for a line agree (cosine above 0.999). Writes `embeddings.json` to --out.
 """
@@ -19,7 +19,6 @@ import argparse
 import json
 import random
 import shutil
-import time
 from pathlib import Path
 from typing import Any, Final
 
@@ -114,15 +113,10 @@ def agreement(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray]) -> dic
 def run_batch_processing(
     file: Path, engine: dict[str, Any], workdir: Path
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """run-batch's figures over its processing (its wall time less a one-line run's), and
+    """run-batch's figures over its processing (its wall time less its engine's load), and
     its vectors."""
-    one_line = workdir / "one-line.jsonl"
-    with file.open() as f:
-        one_line.write_text(f.readline())
-    started = time.perf_counter()
-    run_run_batch(one_line, engine, workdir, 0.0, usage_field="prompt_tokens")
-    start_up = time.perf_counter() - started
-    result = run_run_batch(file, engine, workdir, start_up, usage_field="prompt_tokens")
+    result = run_run_batch(file, engine, workdir, usage_field="prompt_tokens")
+    start_up = result["load_s"]
     with (workdir / "run-batch.out.jsonl").open() as f:
         found = vectors([json.loads(x) for x in f])
     return figures({**result, "start_up_s": start_up}, found), found

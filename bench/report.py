@@ -21,6 +21,7 @@ def single_key(system: str, concurrency: int) -> str:
 
 SYSTEMS = (
     "engine",
+    "inferq-run",
     "run-batch",
     "inferq-batch",
     *(single_key(s, c) for c in CONCURRENCIES for s in ("serve", "inferq-jobs")),

@@ -53,7 +53,12 @@ class Authenticator:
                 self._cache.pop(secret, None)
             raise Unauthorized(f"this API key is unknown or revoked: {_HINT}")
         principal = Principal(
-            key_id=key.id, tenant=key.tenant, admin=key.admin, rpm=key.rpm, tpm=key.tpm
+            key_id=key.id,
+            tenant=key.tenant,
+            admin=key.admin,
+            rpm=key.rpm,
+            tpm=key.tpm,
+            quota=key.quota,
         )
         with self._lock:
             self._cache[secret] = (now, principal)

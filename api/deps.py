@@ -29,6 +29,7 @@ from inferq.operations.batch_output import BatchOutput
 from inferq.operations.batches import BatchOperations
 from inferq.operations.files import FileOperations
 from inferq.operations.jobs import JobOperations
+from inferq.operations.usage import UsageOperations
 from inferq.operations.webhooks import WebhookOperations
 from inferq.settings import ApiSettings
 from inferq.wire.model_catalog import ModelCatalog
@@ -80,6 +81,7 @@ BatchOpsDep = Annotated[BatchOperations, Depends(_taken(lambda s: s.app.batch_op
 BatchOutputDep = Annotated[BatchOutput, Depends(_taken(lambda s: s.app.batch_output))]
 FileOpsDep = Annotated[FileOperations, Depends(_taken(lambda s: s.app.file_operations))]
 WebhookOpsDep = Annotated[WebhookOperations, Depends(_taken(lambda s: s.app.webhook_operations))]
+UsageOpsDep = Annotated[UsageOperations, Depends(_taken(lambda s: s.app.usage_operations))]
 CatalogDep = Annotated[ModelCatalog, Depends(_taken(lambda s: s.app.catalog))]
 QueuesDep = Annotated[QueueMonitor, Depends(_taken(lambda s: s.app.queues))]
 WorkersDep = Annotated[WorkerRegistry, Depends(_taken(lambda s: s.app.workers))]

@@ -26,6 +26,7 @@ from inferq.exceptions import (
     JobFailed,
     ModelUnavailable,
     NotFound,
+    QuotaExceeded,
     RetryLater,
     StoreUnavailable,
     TooLarge,
@@ -59,7 +60,7 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
         409: "The object's state does not allow this.",
         413: "The request body is too large.",
         422: "The request is invalid; the message names the field and the limit.",
-        429: "Rate limit or queue full; retry after `Retry-After` seconds.",
+        429: "Rate limit, quota or queue full; retry after `Retry-After` seconds.",
         503: "Postgres or Redis is unavailable; retry after `Retry-After` seconds.",
     }
     return {code: {"model": ErrorBody, "description": described[code]} for code in codes}
@@ -79,6 +80,7 @@ _STATUSES: tuple[tuple[type[InferqError], int, str], ...] = (
     (InvalidState, 409, "conflict_error"),
     (TooLarge, 413, "invalid_request_error"),
     (InvalidRequest, 422, "invalid_request_error"),
+    (QuotaExceeded, 429, "insufficient_quota"),
     (RetryLater, 429, "rate_limit_error"),
     (StoreUnavailable, 503, "service_unavailable"),
     (BrokerUnavailable, 503, "service_unavailable"),

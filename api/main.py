@@ -17,9 +17,10 @@ from api.deps import ApiServices
 from api.errors import register_error_handlers
 from api.grouping import Grouped
 from api.idempotency import Idempotency
-from api.metrics import ApiMetrics, QueueCollector, RequestMetrics
+from api.metrics import ApiMetrics, QueueCollector, RequestMetrics, UsageCollector
 from api.ratelimit import RateLimiter
 from api.routes import (
+    admin,
     batches,
     completions,
     embeddings,
@@ -29,6 +30,7 @@ from api.routes import (
     models,
     responses,
     status,
+    usage,
     webhooks,
 )
 from api.stream_reader import StreamReader
@@ -112,6 +114,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         inferq.catalog.warm()
         app.state.services = services
         metrics.registry.register(QueueCollector(inferq.queues, inferq.workers, inferq.catalog))
+        metrics.registry.register(UsageCollector(inferq.usage))
         await services.waiter.start()
         await services.stream_reader.start()
         try:
@@ -149,4 +152,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(models.router)
     app.include_router(status.router)
     app.include_router(webhooks.router)
+    app.include_router(usage.router)
+    app.include_router(admin.router)
     return app

@@ -1,4 +1,5 @@
-"""The API's Prometheus metrics: requests by route and status, latency, queue depths."""
+"""The API's Prometheus metrics: requests by route and status, latency, queue depths,
+and usage by tenant and model."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferq.broker.queues import QueueMonitor
 from inferq.broker.worker_registry import WorkerRegistry
 from inferq.exceptions import InferqError
+from inferq.store.usage import UsageStore
 from inferq.wire.model_catalog import ModelCatalog
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,37 @@ class QueueCollector(Collector):
         for base in bases:
             serving.add_metric([base], sum(1 for w in online if w.model == base))
         yield serving
+
+
+class UsageCollector(Collector):
+    """Every tenant's usage of every model, all time, read from Postgres's usage table
+    when Prometheus scrapes: counters that survive restarts and count what was written
+    once (every API process reports the same totals: take one, or their max)."""
+
+    def __init__(self, usage: UsageStore) -> None:
+        self._usage = usage
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        try:
+            totals = self._usage.totals()
+        except InferqError as exc:
+            log.warning("cannot read usage: %s", exc.message)
+            return
+        families = {
+            name: CounterMetricFamily(
+                f"inferq_tenant_{name}", help_text, labels=["tenant", "model"]
+            )
+            for name, help_text in (
+                ("input_tokens", "Prompt tokens of generation, by tenant and model."),
+                ("output_tokens", "Tokens generated, by tenant and model."),
+                ("embedding_tokens", "Tokens embedded, by tenant and model."),
+                ("requests", "Single jobs and batch lines that ended, by tenant and model."),
+            )
+        }
+        for tenant, model, usage in totals:
+            for name, family in families.items():
+                family.add_metric([tenant, model], getattr(usage, name))
+        yield from families.values()
 
 
 class RequestMetrics:

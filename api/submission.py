@@ -91,7 +91,14 @@ class Submission:
             principal, len(spec.prompt_token_ids) + spec.sampling.max_tokens * spec.sampling.n
         )
         return await self._submit(
-            NewJob(spec=spec, tenant=principal.tenant, webhook=webhook, idempotency=idempotency)
+            NewJob(
+                spec=spec,
+                tenant=principal.tenant,
+                key_id=principal.key_id,
+                quota=principal.quota.any,
+                webhook=webhook,
+                idempotency=idempotency,
+            )
         )
 
     async def cancel_abandoned(self, job_id: str, *, scope: str | None) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 
+from inferq.settings import Settings
+
 # Fields a record may carry (`extra=`) that say which job or batch it is about.
 CONTEXT_FIELDS = ("job_id", "batch_id", "tenant", "worker")
 
@@ -29,3 +31,10 @@ def configure_logging(level: str, *, json_lines: bool = False) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+def configured() -> Settings:
+    """The settings from the environment, with logging set up as they say."""
+    settings = Settings()
+    configure_logging(settings.log_level, json_lines=settings.log_json)
+    return settings

@@ -9,9 +9,11 @@ import httpx
 import typer
 
 from cli.batch import batch_app
-from cli.logs import configure_logging
+from cli.keys import keys_app
+from cli.logs import configure_logging, configured
 from cli.run import run
-from inferq.settings import ConnectionSettings, Settings
+from cli.usage import usage
+from inferq.settings import Settings
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -19,18 +21,12 @@ if TYPE_CHECKING:
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_show_locals=False
 )
-keys_app = typer.Typer(no_args_is_help=True, help="Create, list and revoke API keys.")
 app.add_typer(keys_app, name="keys")
 health_app = typer.Typer(no_args_is_help=True, help="Health checks (for compose and probes).")
 app.add_typer(health_app, name="health")
 app.add_typer(batch_app, name="batch")
 app.command("run")(run)
-
-
-def _settings() -> Settings:
-    settings = Settings()
-    configure_logging(settings.log_level, json_lines=settings.log_json)
-    return settings
+app.command("usage")(usage)
 
 
 @app.command()
@@ -40,7 +36,7 @@ def api() -> None:
 
     from inferq.store.migrate import check_schema
 
-    settings = _settings()
+    settings = configured()
     check_schema(settings.database_url)
     uvicorn.run(
         "api.main:create_app",
@@ -62,7 +58,7 @@ def worker(
     """Run a GPU worker: load the model once, then drain the queues into it."""
     from worker.main import run_worker
 
-    run_worker(_settings(), name=name)
+    run_worker(configured(), name=name)
 
 
 @app.command()
@@ -72,7 +68,7 @@ def webhooks(
     """Run the housekeeping worker (no GPU): webhook delivery, maintenance, batch endings."""
     from housekeeper.main import run_housekeeper
 
-    run_housekeeper(_settings(), name=name)
+    run_housekeeper(configured(), name=name)
 
 
 @app.command()
@@ -80,7 +76,7 @@ def beat() -> None:
     """Schedule periodic maintenance (run exactly one)."""
     from housekeeper.main import run_beat
 
-    run_beat(_settings())
+    run_beat(configured())
 
 
 @app.command()
@@ -88,7 +84,7 @@ def flower() -> None:
     """Serve Flower (the Celery monitor) with basic auth; refuses to start without it."""
     from inferq.broker.celery_app import make_celery
 
-    settings = _settings()
+    settings = configured()
     if settings.flower_basic_auth is None:
         typer.echo(
             "Flower shows every job's arguments, so it only starts with authentication: "
@@ -122,7 +118,7 @@ def migrate(
     """Create or upgrade the database schema (alembic upgrade head)."""
     from inferq.store.migrate import upgrade
 
-    settings = _settings()
+    settings = configured()
     upgrade(settings.database_url, revision)
     typer.echo(f"database schema is at {revision}")
     if announce_model:
@@ -137,56 +133,6 @@ def migrate(
         typer.echo(f"announced: {names}")
 
 
-def _key_store(settings: ConnectionSettings):  # type: ignore[no-untyped-def]
-    from inferq.store.api_keys import KeyStore
-    from inferq.store.engine import make_engine, make_sessions
-
-    return KeyStore(make_sessions(make_engine(settings.database_url, pool_size=1)))
-
-
-@keys_app.command("create")
-def keys_create(
-    name: Annotated[str, typer.Option(help="A name for the key (who or what uses it).")],
-    tenant: Annotated[
-        str | None, typer.Option(help="Tenant whose data the key sees (default: the name).")
-    ] = None,
-    admin: Annotated[bool, typer.Option(help="See and manage every tenant's data.")] = False,
-    rpm: Annotated[int | None, typer.Option(help="Requests per minute (0: unlimited).")] = None,
-    tpm: Annotated[int | None, typer.Option(help="Job tokens per minute (0: unlimited).")] = None,
-) -> None:
-    """Create an API key and print it. It is shown this once: only its hash is kept."""
-    key, secret = _key_store(_settings()).create(
-        name=name, tenant=tenant, admin=admin, rpm=rpm, tpm=tpm
-    )
-    typer.echo(secret)
-    role = "admin" if key.admin else f"tenant {key.tenant}"
-    typer.echo(f"created {key.id} ({key.name}, {role}); keep the key above safe", err=True)
-
-
-@keys_app.command("list")
-def keys_list() -> None:
-    """List API keys (never their secrets)."""
-    for key in _key_store(_settings()).list():
-        state = "active" if key.active else f"revoked {key.revoked_at:%Y-%m-%d %H:%M}"
-        limits = f"rpm={key.rpm if key.rpm is not None else 'default'} "
-        limits += f"tpm={key.tpm if key.tpm is not None else 'default'}"
-        role = "admin" if key.admin else "tenant"
-        typer.echo(f"{key.id}  {key.prefix}...  {key.name}  {role}:{key.tenant}  {limits}  {state}")
-
-
-@keys_app.command("revoke")
-def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (key_...).")]) -> None:
-    """Revoke an API key; requests with it are refused from then on."""
-    from inferq.exceptions import NotFound
-
-    try:
-        key = _key_store(_settings()).revoke(key_id)
-    except NotFound as exc:
-        typer.echo(exc.message, err=True)
-        raise typer.Exit(1) from exc
-    typer.echo(f"revoked {key.id} ({key.name})")
-
-
 @health_app.command("worker")
 def health_worker(
     name: Annotated[str, typer.Argument(help="Worker name; %h is this host's name.")],
@@ -197,7 +143,7 @@ def health_worker(
     from inferq.broker.celery_app import make_celery
 
     target = name.replace("%h", socket.gethostname())
-    replies = make_celery(_settings()).control.ping(destination=[target], timeout=5)
+    replies = make_celery(configured()).control.ping(destination=[target], timeout=5)
     if not any(target in reply for reply in replies or ()):
         typer.echo(f"worker {target} did not answer", err=True)
         raise typer.Exit(1)
@@ -213,7 +159,7 @@ def health_maintenance() -> None:
 
     from inferq.constants import MAINTENANCE_LAST_RUN_KEY
 
-    settings = _settings()
+    settings = configured()
     raw = Redis.from_url(settings.redis_url).get(
         settings.redis_key_prefix + MAINTENANCE_LAST_RUN_KEY
     )

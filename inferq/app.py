@@ -25,6 +25,7 @@ from inferq.operations.batch_output import BatchOutput
 from inferq.operations.batches import BatchLifecycle, BatchOperations
 from inferq.operations.files import FileOperations
 from inferq.operations.jobs import JobOperations
+from inferq.operations.usage import UsageOperations
 from inferq.operations.webhooks import WebhookOperations
 from inferq.settings import Settings
 from inferq.store.api_keys import KeyStore
@@ -37,6 +38,7 @@ from inferq.store.idempotency import IdempotencyStore
 from inferq.store.jobs import JobStore
 from inferq.store.retention import RetentionStore
 from inferq.store.served_models import ModelStore
+from inferq.store.usage import UsageStore
 from inferq.store.webhooks import WebhookStore
 from inferq.wire.model_catalog import ModelCatalog, RequestLimits
 
@@ -128,6 +130,14 @@ class App:
     @cached_property
     def speeds(self) -> SpeedStore:
         return SpeedStore(self.sessions)
+
+    @cached_property
+    def usage(self) -> UsageStore:
+        return UsageStore(self.sessions)
+
+    @cached_property
+    def usage_operations(self) -> UsageOperations:
+        return UsageOperations(usage=self.usage, keys=self.keys)
 
     @cached_property
     def batch_work(self) -> BatchWorkStore:

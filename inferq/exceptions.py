@@ -101,3 +101,10 @@ class RetryLater(InferqError):
         super().__init__(message)
         self.retry_after_s = retry_after_s
         self.code = code
+
+
+class QuotaExceeded(RetryLater):
+    """This API key's quota is used up for now; try again after `retry_after_s` seconds."""
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message, retry_after_s=retry_after_s, code="insufficient_quota")

@@ -51,6 +51,8 @@ async def create_batch(
             functools.partial(
                 batches.create,
                 tenant=principal.tenant,
+                key_id=principal.key_id,
+                quota=principal.quota.any,
                 input_file_id=body.input_file_id,
                 endpoint=body.endpoint,
                 completion_window=body.completion_window,

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
-from api.deps import CatalogDep, QueuesDep, WorkersDep, current_principal
+from api.deps import CatalogDep, PrincipalDep, QueuesDep, UsageOpsDep, WorkersDep
 from api.errors import error_responses
 
 router = APIRouter(tags=["status"])
@@ -33,6 +33,18 @@ class ModelStatus(BaseModel):
     workers: list[str] = Field(description="Workers online that serve it (none: its jobs wait).")
 
 
+class QuotaPublic(BaseModel):
+    """The caller's key against its quota."""
+
+    max_queued_tokens: int | None = Field(description="Its limit on queued tokens (null: none).")
+    queued_tokens: int = Field(
+        description="Prompt plus max_tokens (times n) of its jobs queued or running."
+    )
+    daily_tokens: int | None = Field(description="Its limit of tokens a UTC day (null: none).")
+    used_today: int = Field(description="Tokens its work that ended today (UTC) used.")
+    tokens_today: int = Field(description="What the daily quota counts: used plus queued.")
+
+
 class Status(BaseModel):
     """The deployment at a glance."""
 
@@ -42,17 +54,27 @@ class Status(BaseModel):
     jobs_per_s: float
     tokens_per_s: float
     prompt_tokens_per_s: float
+    quota: QuotaPublic | None = Field(
+        None, description="The caller's API key against its quota (null: it has none)."
+    )
 
 
 @router.get(
     "/v1/status",
     response_model=Status,
     responses=error_responses(401, 429, 503),
-    dependencies=[Depends(current_principal)],
 )
-def status(catalog: CatalogDep, queues: QueuesDep, registry: WorkersDep) -> Status:
-    """Queue depths, the GPU workers online, and throughput over the last minute."""
+def status(
+    catalog: CatalogDep,
+    queues: QueuesDep,
+    registry: WorkersDep,
+    usage: UsageOpsDep,
+    principal: PrincipalDep,
+) -> Status:
+    """Queue depths, the GPU workers online, throughput over the last minute, and the
+    caller's key against its quota."""
     workers = registry.online()
+    standing = usage.standing(principal)
     models = catalog.models()
     return Status(
         queues=queues.depths(sorted({m.base for m in models})),
@@ -84,6 +106,15 @@ def status(catalog: CatalogDep, queues: QueuesDep, registry: WorkersDep) -> Stat
         jobs_per_s=sum(w.jobs_last_minute for w in workers) / 60,
         tokens_per_s=sum(w.generated_tokens_last_minute for w in workers) / 60,
         prompt_tokens_per_s=sum(w.prompt_tokens_last_minute for w in workers) / 60,
+        quota=None
+        if standing is None
+        else QuotaPublic(
+            max_queued_tokens=standing.quota.max_queued_tokens,
+            queued_tokens=standing.queued_tokens,
+            daily_tokens=standing.quota.daily_tokens,
+            used_today=standing.used_today,
+            tokens_today=standing.tokens_today,
+        ),
     )
 
 

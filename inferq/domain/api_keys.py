@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+
+from inferq.domain.usage import Quota
 
 KEY_PREFIX = "iq_"
 # Keys are 256 random bits, so a plain SHA-256 is a safe way to store them (slow hashes
@@ -34,6 +36,7 @@ class ApiKey:
     revoked_at: datetime | None = None
     rpm: int | None = None
     tpm: int | None = None
+    quota: Quota = field(default_factory=Quota)
 
     @property
     def active(self) -> bool:
@@ -49,6 +52,9 @@ class Principal:
     admin: bool
     rpm: int | None = None
     tpm: int | None = None
+    # Its quota as last read (the submission checks the key's row itself, but only for a
+    # key this says has one: a quota set on a key applies once the API reads it again).
+    quota: Quota = field(default_factory=Quota)
 
     @property
     def scope(self) -> str | None:

@@ -95,12 +95,16 @@ class BatchOperations:
         priority: int = 0,
         idempotency: IdempotentRequest | None = None,
         output_expires_after_s: int | None = None,
+        key_id: str | None = None,
+        quota: bool = False,
     ) -> Batch:
         """Check every line of the file and queue a job per line, or fail the batch with
         the refused lines listed. Nothing is half-written either way; the response to a
         request with an idempotency key is remembered with what it wrote. Once it ends,
         its lines, results and files are kept `output_expires_after_s` (None: the
-        deployment's retention)."""
+        deployment's retention). `key_id` is the API key creating it; with `quota`, its
+        whole file is checked against the key's quota, and `QuotaExceeded` leaves nothing
+        written."""
         window = parse_completion_window(completion_window)
         source = self._source(input_file_id, tenant=tenant)
         new = NewBatch(
@@ -117,6 +121,8 @@ class BatchOperations:
             output_expires_after_s=output_expires_after_s
             if output_expires_after_s is not None
             else self._retention_s or None,
+            key_id=key_id,
+            quota=quota,
         )
         if source.lines > self._max_lines:
             error = self._too_many_lines(source)

@@ -49,7 +49,8 @@ class JobOperations:
         """Write these jobs in one transaction and publish them together.
 
         Returns each one's job, or the error that refused it: a model's jobs are refused
-        while its interactive queue is over its high-water mark. A job whose publish fails
+        while its interactive queue is over its high-water mark, and a key's over its quota
+        (api/errors.py answers 429, with when it frees up). A job whose publish fails
         is kept (maintenance publishes it once Redis is back).
         """
         outcome: list[Job | InferqError | None] = [None] * len(new_jobs)
@@ -76,11 +77,13 @@ class JobOperations:
             requeue_after_s=self._requeue_after_s,
             respond=self._respond,
         )
-        for i, job in zip(accepted, jobs, strict=True):
-            outcome[i] = job
+        written: list[Job] = []
         by_model: dict[str, list[str]] = {}
         for i, job in zip(accepted, jobs, strict=True):
-            by_model.setdefault(new_jobs[i].spec.served_by, []).append(job.id)
+            outcome[i] = job
+            if isinstance(job, Job):
+                written.append(job)
+                by_model.setdefault(new_jobs[i].spec.served_by, []).append(job.id)
         for model, ids in by_model.items():
             try:
                 self._publisher.publish_interactive(ids, queue=interactive_queue(model))
@@ -89,7 +92,7 @@ class JobOperations:
                 self.store.mark_unpublished(ids)
             else:
                 self._events.submitted(ids, model=model)
-        for job in jobs:
+        for job in written:
             log.info("accepted job %s", job.id, extra={"job_id": job.id, "tenant": job.tenant})
         return [item for item in outcome if item is not None]
 

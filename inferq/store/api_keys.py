@@ -6,12 +6,15 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
 from inferq.domain.api_keys import ApiKey, generate_key, hash_key
+from inferq.domain.usage import Quota
 from inferq.exceptions import NotFound
 from inferq.ids import new_id
 from inferq.store.base import Store
 from inferq.store.models import ApiKeyRow
 
 KEY_ID_PREFIX = "key_"
+_QUOTAS = ("max_queued_tokens", "daily_tokens")
+_LIMITS = ("rpm", "tpm", *_QUOTAS)
 SHOWN_PREFIX_CHARS = 10
 
 
@@ -77,6 +80,28 @@ class KeyStore(Store):
             )
             return int(count or 0)
 
+    def get(self, key_id: str) -> ApiKey:
+        with self._transaction() as session:
+            row = session.get(ApiKeyRow, key_id)
+            if row is None:
+                raise NotFound(f"no API key with id {key_id!r}")
+            return _key_from_row(row)
+
+    def update(self, key_id: str, **changes: int | None) -> ApiKey:
+        """Change a key's limits: `rpm`, `tpm`, `max_queued_tokens`, `daily_tokens`.
+        For a quota, 0 removes it; for a rate limit, 0 is unlimited and None the
+        deployment's default."""
+        unknown = set(changes) - set(_LIMITS)
+        if unknown:
+            raise ValueError(f"not a key limit: {', '.join(sorted(unknown))}")
+        with self._transaction() as session:
+            row = session.get(ApiKeyRow, key_id, with_for_update=True)
+            if row is None:
+                raise NotFound(f"no API key with id {key_id!r}")
+            for name, value in changes.items():
+                setattr(row, name, None if name in _QUOTAS and not value else value)
+            return _key_from_row(row)
+
     def revoke(self, key_id: str) -> ApiKey:
         with self._transaction() as session:
             row = session.get(ApiKeyRow, key_id)
@@ -88,6 +113,7 @@ class KeyStore(Store):
 
 
 def _key_from_row(row: ApiKeyRow) -> ApiKey:
+    quota = Quota(max_queued_tokens=row.max_queued_tokens, daily_tokens=row.daily_tokens)
     return ApiKey(
         id=row.id,
         name=row.name,
@@ -98,4 +124,5 @@ def _key_from_row(row: ApiKeyRow) -> ApiKey:
         revoked_at=row.revoked_at,
         rpm=row.rpm,
         tpm=row.tpm,
+        quota=quota,
     )

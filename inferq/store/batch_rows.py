@@ -43,6 +43,10 @@ class NewBatch:
     idempotency: IdempotentRequest | None = None
     # How long its lines, results and files are kept once it ends (None: kept).
     output_expires_after_s: int | None = None
+    # The API key that creates it (None: none, as in `inferq run`), and whether that key
+    # has a quota to check the batch against (its whole file at once).
+    key_id: str | None = None
+    quota: bool = False
 
 
 def new_batch_row(
@@ -70,6 +74,7 @@ def new_batch_row(
         "expires_at": now + new.window,
         "priority": new.priority,
         "output_expires_after_s": new.output_expires_after_s,
+        "key_id": new.key_id,
     }
 
 

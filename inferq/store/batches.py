@@ -20,6 +20,7 @@ from inferq.domain.batches import (
 )
 from inferq.domain.jobs import TERMINAL_STATUSES, JobStatus
 from inferq.domain.queue_names import bulk_queue
+from inferq.domain.usage import Usage, UsageKey, hour_of
 from inferq.ids import new_id
 from inferq.store.base import Page, newest_first
 from inferq.store.batch_endings import BatchEndings
@@ -37,6 +38,7 @@ from inferq.store.idempotency import record_response
 from inferq.store.job_rows import ACTIVE, BatchPlace, new_job_row
 from inferq.store.models import BatchRow, JobRow
 from inferq.store.outbox import enqueue_batch_event, ensure_endpoint
+from inferq.store.usage import Demand, add_usage, refuse_over_quota
 from inferq.wire.batch_lines import LineSpec
 
 INSERT_EVERY = 1000
@@ -86,6 +88,7 @@ class BatchStore(BatchEndings):
                 if errors:
                     raise _LinesRefused
                 _flush(session, rows, at=1)
+                _count_batch(session, new, batch_id, tokens=prompt_tokens + max_tokens, now=now)
                 row = session.get(BatchRow, batch_id)
                 assert row is not None
                 row.status, row.in_progress_at = BatchStatus.IN_PROGRESS.value, self._clock()
@@ -264,8 +267,24 @@ def _line_row(
         queue=bulk_queue(item.spec.served_by),
         now=now,
         requeue_after_s=requeue_after_s,
+        key_id=new.key_id,
         place=place,
     )
+
+
+def _count_batch(
+    session: Session, new: NewBatch, batch_id: str, *, tokens: int, now: datetime
+) -> None:
+    """Check the whole batch against its key's quota (`QuotaExceeded` rolls it back), and
+    count it in its key's usage."""
+    if new.quota and new.key_id is not None:
+        (refusal,) = refuse_over_quota(
+            session, [Demand(new.key_id, tokens)], now=now, excluding_batch=batch_id
+        )
+        if refusal is not None:
+            raise refusal
+    key = UsageKey(new.tenant, new.key_id or "", new.model or "", hour_of(now))
+    add_usage(session, {key: Usage(batches=1)})
 
 
 def _flush(session: Session, rows: list[dict[str, Any]], *, at: int) -> list[dict[str, Any]]:

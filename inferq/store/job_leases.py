@@ -15,6 +15,7 @@ from inferq.store.bulk import update_rows
 from inferq.store.job_rows import ACTIVE, CLAIMED_COLUMNS, claimed_job, outcome_values
 from inferq.store.models import JobRow, Timestamp
 from inferq.store.outbox import EndedJob, OutboxStore, enqueue_job_events
+from inferq.store.usage import add_usage, ended_usage
 
 # Built once: a claim is the worker's hottest statement (one a task), and compiling it
 # through an ORM session each time cost several times the round trip.
@@ -54,6 +55,8 @@ _FINISHING = (
         JobRow.webhook_events,
         JobRow.batch_id,
         JobRow.prompt_tokens,
+        JobRow.key_id,
+        JobRow.model,
     )
     .where(
         JobRow.id.in_(bindparam("ids", expanding=True)),
@@ -167,6 +170,7 @@ class JobLeases(OutboxStore):
             values = {o.job_id: outcome_values(o, now) for o in outcomes if o.job_id in live}
             update_rows(session, JobRow, list(values.values()))
             count_finished(session, rows, values)
+            add_usage(session, ended_usage(rows, values, now))
             queued = enqueue_job_events(
                 session,
                 [

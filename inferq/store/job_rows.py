@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import bindparam, select
 
 from inferq.constants import JOB_ID_PREFIX
+from inferq.domain.batches import max_output_tokens
 from inferq.domain.jobs import (
     ACTIVE_STATUSES,
     Choice,
@@ -50,12 +51,16 @@ def new_job_row(
     queue: str,
     now: datetime,
     requeue_after_s: int,
+    key_id: str | None = None,
     place: BatchPlace | None = None,
 ) -> dict[str, Any]:
-    """The row of a new queued job: a single job, or a batch line (`place`)."""
+    """The row of a new queued job: a single job, or a batch line (`place`); `key_id` is
+    the API key that submitted it."""
     row = {
         "id": new_id(JOB_ID_PREFIX),
         "tenant": tenant,
+        "key_id": key_id,
+        "cost_tokens": job_cost(spec),
         "status": JobStatus.QUEUED.value,
         "queue": queue,
         "model": spec.model,
@@ -84,6 +89,12 @@ def new_job_row(
             priority=place.priority,
         )
     return row
+
+
+def job_cost(spec: JobSpec) -> int:
+    """The most tokens a job can use: its prompt, plus `max_tokens` times `n` (what a
+    key's quota counts while it is queued or running)."""
+    return len(spec.prompt_token_ids) + max_output_tokens(spec.sampling)
 
 
 def new_job(row: dict[str, Any], spec: JobSpec) -> Job:

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import Connection, Table, insert, inspect, select, text
+from sqlalchemy.orm import Session
 
 from inferq.domain.jobs import Job, JobSpec, JobStatus
 from inferq.domain.webhooks import WebhookRequest
-from inferq.exceptions import InvalidState
+from inferq.exceptions import InferqError, InvalidState
 from inferq.store.base import Page, newest_first, scoped_row
 from inferq.store.batch_counts import EndedLine, count_ended, lock_batches_of
 from inferq.store.idempotency import IdempotentRequest, record_response
@@ -28,6 +30,7 @@ from inferq.store.job_rows import (
 )
 from inferq.store.models import JobRow
 from inferq.store.outbox import enqueue_job_events, ensure_endpoint
+from inferq.store.usage import Demand, refuse_over_quota
 
 # Built once, on the table rather than the ORM class: the ORM's bulk insert sorts and
 # checks every row's attributes, which cost a single job's submission more CPU than the
@@ -55,9 +58,26 @@ class NewJob:
 
     spec: JobSpec
     tenant: str
+    # The API key that submits it (None: none, as in `inferq run`), and whether that key
+    # has a quota to check.
+    key_id: str | None = None
+    quota: bool = False
     webhook: WebhookRequest | None = None
     # The idempotency key it was submitted under, whose response is remembered with it.
     idempotency: IdempotentRequest | None = None
+
+
+def _over_quota(
+    session: Session, new_jobs: Sequence[NewJob], rows: Sequence[dict[str, Any]], *, now: datetime
+) -> list[InferqError | None]:
+    """Why each job's key's quota refuses it (None where it fits, or its key has none)."""
+    checked = [i for i, new in enumerate(new_jobs) if new.quota and new.key_id is not None]
+    refused: list[InferqError | None] = [None] * len(new_jobs)
+    if checked:
+        demands = [Demand(str(new_jobs[i].key_id), rows[i]["cost_tokens"]) for i in checked]
+        for i, refusal in zip(checked, refuse_over_quota(session, demands, now=now), strict=True):
+            refused[i] = refusal
+    return refused
 
 
 class JobStore(JobLeases, JobPublishing):
@@ -76,9 +96,11 @@ class JobStore(JobLeases, JobPublishing):
         queue: str | Callable[[JobSpec], str],
         requeue_after_s: int,
         respond: Callable[[Job], dict[str, Any]] | None = None,
-    ) -> list[Job]:
-        """Write new queued jobs, each for its own tenant, in one transaction; return them.
-        `queue` names each one's queue, or is a function of its spec that does.
+    ) -> list[Job | InferqError]:
+        """Write new queued jobs, each for its own tenant, in one transaction; return each
+        one's job, or why its key's quota refused it (checked in the same transaction, for
+        jobs whose key has one). `queue` names each one's queue, or is a function of its
+        spec that does.
 
         A job submitted under an idempotency key has its response (`respond(job)`, the
         body of a 202) remembered in the same transaction, so both are written or neither.
@@ -91,13 +113,17 @@ class JobStore(JobLeases, JobPublishing):
                 queue=queue if isinstance(queue, str) else queue(new.spec),
                 now=now,
                 requeue_after_s=requeue_after_s,
+                key_id=new.key_id,
             )
             for new in new_jobs
         ]
         jobs = [new_job(row, new.spec) for row, new in zip(rows, new_jobs, strict=True)]
         with self._transaction() as session:
+            refused = _over_quota(session, new_jobs, rows, now=now)
+            taken = [i for i in range(len(new_jobs)) if refused[i] is None]
             endpoints: dict[tuple[str, str], str] = {}
-            for row, new in zip(rows, new_jobs, strict=True):
+            for i in taken:
+                row, new = rows[i], new_jobs[i]
                 if new.webhook is None:
                     continue
                 target = (new.tenant, new.webhook.url)
@@ -107,13 +133,14 @@ class JobStore(JobLeases, JobPublishing):
                     )
                 row["webhook_endpoint_id"] = endpoints[target]
                 row["webhook_events"] = new.webhook.events
-            if rows:
-                _insert_jobs(session.connection(), rows)
-            for job, new in zip(jobs, new_jobs, strict=True):
-                if new.idempotency is not None:
+            if taken:
+                _insert_jobs(session.connection(), [rows[i] for i in taken])
+            for i in taken:
+                idempotency = new_jobs[i].idempotency
+                if idempotency is not None:
                     assert respond is not None, "an idempotent submission needs `respond`"
-                    record_response(session, new.idempotency, status_code=202, body=respond(job))
-        return jobs
+                    record_response(session, idempotency, status_code=202, body=respond(jobs[i]))
+        return [refusal or job for refusal, job in zip(refused, jobs, strict=True)]
 
     def get_job(self, job_id: str, *, scope: str | None = None) -> Job:
         """The job, if it exists and belongs to `scope` (a tenant; None sees every tenant)."""

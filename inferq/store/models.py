@@ -81,6 +81,10 @@ class JobRow(Base):
     embedding: Mapped[bytes | None] = mapped_column(LargeBinary)
     # A request to OpenAI's Responses API: what its response echoes (JobSpec.response).
     response: Mapped[dict[str, Any] | None] = mapped_column(Json)
+    # The API key it was submitted with (None: before keys were recorded, or `inferq run`),
+    # and the most it can cost: prompt plus `max_tokens` times `n` (a key's queued tokens).
+    key_id: Mapped[str | None] = mapped_column(String(64))
+    cost_tokens: Mapped[int | None] = mapped_column(BigInteger)
 
     __table_args__ = (
         Index("ix_jobs_status_id", "status", "id"),
@@ -95,6 +99,14 @@ class JobRow(Base):
             sqlite_where=text("status IN ('queued', 'running') AND batch_id IS NOT NULL"),
         ),
         Index("ix_jobs_tenant_id", "tenant", "id"),
+        # What a quota sums at submission: a key's queued and running jobs' costs.
+        Index(
+            "ix_jobs_key_active",
+            "key_id",
+            "cost_tokens",
+            postgresql_where=text("status IN ('queued', 'running')"),
+            sqlite_where=text("status IN ('queued', 'running')"),
+        ),
         # What maintenance scans: the few jobs not yet finished, by lease.
         Index(
             "ix_jobs_active_lease",
@@ -109,6 +121,32 @@ class JobRow(Base):
             postgresql_where=text("batch_id IS NULL AND finished_at IS NOT NULL"),
             sqlite_where=text("batch_id IS NULL AND finished_at IS NOT NULL"),
         ),
+    )
+
+
+class UsageRow(Base):
+    """What a tenant's key used of a model in an hour (UTC), added to by the transactions
+    that end jobs and create batches. Retention never deletes these rows."""
+
+    __tablename__ = "usage"
+
+    tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
+    # "" for work no key submitted (`inferq run`, or before keys were recorded).
+    key_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    model: Mapped[str] = mapped_column(Text, primary_key=True)
+    hour: Mapped[datetime] = mapped_column(Timestamp, primary_key=True)
+    # Prompt tokens of generation, tokens generated, and tokens embedded (embeddings).
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    embedding_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # Single jobs and batch lines that ended (however), and batches created.
+    jobs: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    batch_lines: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    batches: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
+    __table_args__ = (
+        Index("ix_usage_hour", "hour"),
+        Index("ix_usage_key_id_hour", "key_id", "hour"),
     )
 
 
@@ -161,6 +199,9 @@ class ApiKeyRow(Base):
     tpm: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(Timestamp)
     revoked_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    # Quotas (None: none): tokens queued or running at once, and tokens a UTC day.
+    max_queued_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    daily_tokens: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class IdempotencyKeyRow(Base):
@@ -255,6 +296,8 @@ class BatchRow(Base):
     # The largest `max_tokens` of a line: how long its last line may keep it running.
     line_longest_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     estimate: Mapped[dict[str, Any] | None] = mapped_column(Json)
+    # The API key that created it (its lines carry it too).
+    key_id: Mapped[str | None] = mapped_column(String(64))
 
     __table_args__ = (
         Index("ix_batches_tenant_id", "tenant", "id"),

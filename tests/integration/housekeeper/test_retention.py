@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from housekeeper.retention import CHUNK_ROWS, Retention
 from inferq.domain.batches import FilePurpose
 from inferq.domain.jobs import JobError, JobOutcome
+from inferq.domain.usage import Usage
 from inferq.exceptions import NotFound
 from inferq.store.batch_rows import NewBatch
 from inferq.store.batches import BatchStore
@@ -38,6 +39,7 @@ from inferq.store.models import (
     WebhookEndpointRow,
 )
 from inferq.store.retention import RetentionStore
+from inferq.store.usage import UsageStore
 from inferq.wire.batch_lines import LineSpec
 from tests.helpers.clock import Clock
 from tests.helpers.jobs import create_jobs, job_result, job_spec
@@ -160,6 +162,35 @@ def test_single_jobs_go_after_the_retention_and_batch_lines_stay(stores: Stores)
     _finish(stores, jobs[2:])
     stores.clock.now += timedelta(days=365)
     assert stores.retention(job_s=0).run_once().deleted == {}
+
+
+def test_usage_adds_up_in_the_hour_jobs_end_and_retention_never_touches_it(
+    stores: Stores,
+) -> None:
+    usage = UsageStore(stores.sessions, clock=stores.clock)
+    first_hour = stores.clock.now
+    jobs = [j.id for j in create_jobs(stores.jobs, [job_spec()] * 3, queue="q")]
+    _finish(stores, jobs[:2])
+    _, lines = _batch(stores, 4, expires_after_s=60)
+    stores.clock.now += timedelta(hours=1)
+    _finish(stores, jobs[2:] + lines)
+    # Ended again (a redelivered result): not counted again.
+    _finish(stores, jobs)
+
+    def rows() -> dict[datetime, Usage]:
+        found = usage.rows(start=first_hour, end=first_hour + timedelta(days=1))
+        return {key.hour: value for key, value in found}
+
+    counted = rows()
+    assert counted == {
+        first_hour: Usage(input_tokens=6, output_tokens=4, jobs=2, batches=1),
+        first_hour + timedelta(hours=1): Usage(
+            input_tokens=15, output_tokens=10, jobs=1, batch_lines=4
+        ),
+    }
+    stores.clock.now += timedelta(days=30)
+    assert stores.retention().run_once().deleted == {"jobs": 3}
+    assert rows() == counted
 
 
 def test_deletes_go_in_bounded_chunks_with_the_longest_reported(stores: Stores) -> None:

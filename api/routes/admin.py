@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from fastapi import APIRouter
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import PrincipalDep, UsageOpsDep
 from api.errors import error_responses
@@ -63,6 +63,8 @@ class KeysPublic(BaseModel):
 
 class KeyUpdate(BaseModel):
     """The limits to change; those left out stay as they are."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     rpm: int | None = Field(None, ge=0, le=INT32, description="0: unlimited; null: the default.")
     tpm: int | None = Field(None, ge=0, le=INT32, description="0: unlimited; null: the default.")

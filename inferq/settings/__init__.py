@@ -136,7 +136,7 @@ def _weak(secret: str, *, at_least: int) -> str | None:
 
 
 def settings_table() -> str:
-    """Every setting as a Markdown table: variable, default, meaning (for the README)."""
+    """Every setting as a Markdown table: variable, default, meaning (for docs/configuration.md)."""
     lines = ["| variable | default | meaning |", "|---|---|---|"]
     for name, field in Settings.model_fields.items():
         default = field.get_default(call_default_factory=True)

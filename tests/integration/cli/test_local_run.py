@@ -37,11 +37,16 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _start(
-    args: list[str], *, cache: Path, log: Path, env: dict[str, str] | None = None
+    args: list[str],
+    *,
+    cache: Path,
+    log: Path,
+    env: dict[str, str] | None = None,
+    program: list[str] = INFERQ,
 ) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen(
-            [*INFERQ, "run", *args],
+            [*program, "run", *args],
             env=_env(cache, env),
             cwd=ROOT,
             stdout=out,
@@ -88,8 +93,12 @@ def _wait_succeeded(state: Path, count: int, process: subprocess.Popen[bytes], l
 
 def test_the_readme_example_runs_on_the_demo_model(cache: Path, tmp_path: Path) -> None:
     out, log = tmp_path / "out.jsonl", tmp_path / "run.log"
+    # As the front page gives it (with the output put aside): scripts/inferq run ...
     run = _start(
-        ["examples/prompts.jsonl", "--model", "demo", "-o", str(out)], cache=cache, log=log
+        ["examples/prompts.jsonl", "--model", "demo", "-o", str(out)],
+        cache=cache,
+        log=log,
+        program=[str(ROOT / "scripts" / "inferq")],
     )
     assert _finish(run, log) == 0, log.read_text()[-4000:]
     said = log.read_text()

@@ -1,0 +1,65 @@
+"""The docs tell the truth about the code: the configuration reference is the settings
+class word for word, every troubleshooting entry is a message the code prints, and the
+front page is short and runs only commands that tests run."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from inferq.settings import settings_table
+
+ROOT = Path(__file__).resolve().parents[3]
+SOURCES = ("inferq", "api", "worker", "housekeeper", "cli")
+# Each command on the front page, and the test that runs it.
+FRONT_PAGE_COMMANDS = {
+    "scripts/inferq run examples/prompts.jsonl --model demo": (
+        "tests/integration/cli/test_local_run.py",
+        'program=[str(ROOT / "scripts" / "inferq")]',
+    ),
+    # What CI runs, on a clean clone.
+    "scripts/test": (".ci/run", "scripts/test"),
+    # compose for real, with Docker (not part of CI, which has no Docker engine).
+    "docker compose up -d": ("scripts/compose-check", "up -d"),
+}
+
+
+def test_the_configuration_reference_lists_every_setting_with_its_default() -> None:
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    start = page.index("<!-- settings-table:start -->") + len("<!-- settings-table:start -->")
+    end = page.index("<!-- settings-table:end -->")
+    assert page[start:end].strip() == settings_table(), (
+        "docs/configuration.md's settings table is stale: paste `inferq settings --markdown` "
+        "into it"
+    )
+
+
+def test_every_troubleshooting_entry_is_a_message_the_code_prints() -> None:
+    headings = re.findall(r"^### `(.+)`$", (ROOT / "docs" / "troubleshooting.md").read_text(), re.M)
+    code = "\n".join(
+        path.read_text() for package in SOURCES for path in (ROOT / package).rglob("*.py")
+    )
+    assert len(headings) >= 20
+    assert [h for h in headings if h not in code] == []
+
+
+def test_the_front_page_is_short_and_each_of_its_commands_is_run_by_a_test() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) < 150
+    commands = [
+        line
+        for block in re.findall(r"```sh\n(.*?)```", readme, re.S)
+        for line in block.splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert commands == list(FRONT_PAGE_COMMANDS)
+    for command, (path, marker) in FRONT_PAGE_COMMANDS.items():
+        assert marker in (ROOT / path).read_text(), f"nothing in {path} runs `{command}`"
+
+
+def test_the_docs_link_to_nothing_outside_the_repository_or_the_site() -> None:
+    for page in (ROOT / "docs").rglob("*.md"):
+        for target in re.findall(r"\]\(([^)#]+)", page.read_text()):
+            if target.startswith("http"):
+                continue
+            assert (page.parent / target).exists(), f"{page.name} links to missing {target}"

@@ -59,6 +59,9 @@ def _operation(spec: dict[str, Any], path: str, method: str, operation: dict[str
         for parameter in parameters:
             schema = parameter.get("schema", {})
             meaning = parameter.get("description") or schema.get("description", "")
+            if not meaning and parameter["in"] == "path":
+                # {job_id} and its kind: the id its create call (or list) gave.
+                meaning = f"The {parameter['name'].removesuffix('_id').replace('_', ' ')}'s id."
             lines.append(
                 f"| `{parameter['name']}` | {parameter['in']} | {_type(schema)} "
                 f"| {_cell(meaning)} |"
@@ -69,12 +72,11 @@ def _operation(spec: dict[str, Any], path: str, method: str, operation: dict[str
         schema = _resolve(spec, content.get("schema", {}))
         lines += [f"Body ({media}):", ""]
         lines += _properties(spec, schema)
-    answers = [
-        f"`{code}` {_cell(answer.get('description', ''))}"
-        for code, answer in operation.get("responses", {}).items()
-    ]
-    lines += ["Answers: " + "; ".join(answers) + ".", ""]
-    return "\n".join(lines)
+    lines += ["| answer | when |", "|---|---|"]
+    for code, answer in operation.get("responses", {}).items():
+        when = _cell(answer.get("description", ""))
+        lines.append(f"| `{code}` | {'Done.' if when == 'Successful Response' else when} |")
+    return "\n".join([*lines, ""])
 
 
 def _properties(spec: dict[str, Any], schema: dict[str, Any]) -> list[str]:

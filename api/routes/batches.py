@@ -91,7 +91,7 @@ def list_batches(
     batches: BatchOpsDep,
     principal: PrincipalDep,
     after: Annotated[str | None, Query(description="The `last_id` of the previous page.")] = None,
-    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    limit: Annotated[int, Query(ge=1, le=100, description="Batches a page.")] = 20,
 ) -> BatchList:
     """Batches, newest first."""
     page = batches.page(scope=principal.scope, after=after, limit=limit)

@@ -71,9 +71,9 @@ def _expires_after(anchor: str | None, seconds: str | None) -> ExpiresAfter | No
 def list_files(
     files: FileOpsDep,
     principal: PrincipalDep,
-    purpose: Annotated[FilePurpose | None, Query()] = None,
+    purpose: Annotated[FilePurpose | None, Query(description="Only files of this purpose.")] = None,
     after: Annotated[str | None, Query(description="The `last_id` of the previous page.")] = None,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 20,
+    limit: Annotated[int, Query(ge=1, le=10_000, description="Files a page.")] = 20,
 ) -> FileList:
     """Files, newest first."""
     page = files.page(scope=principal.scope, purpose=purpose, after=after, limit=limit)

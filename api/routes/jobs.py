@@ -165,7 +165,7 @@ async def list_jobs(
     status: Annotated[JobStatus | None, Query(description="Only jobs in this state.")] = None,
     batch_id: Annotated[str | None, Query(description="Only the lines of this batch.")] = None,
     after: Annotated[str | None, Query(description="The `last_id` of the previous page.")] = None,
-    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    limit: Annotated[int, Query(ge=1, le=100, description="Jobs a page.")] = 20,
 ) -> JobList:
     """Jobs, newest first, a page at a time."""
     page = await run_in_threadpool(

@@ -67,11 +67,13 @@ def enable_endpoint(
 def list_deliveries(
     webhooks: WebhookOpsDep,
     principal: PrincipalDep,
-    job_id: str | None = None,
-    batch_id: str | None = None,
-    state: DeliveryState | None = None,
+    job_id: Annotated[str | None, Query(description="Only deliveries of this job.")] = None,
+    batch_id: Annotated[str | None, Query(description="Only deliveries of this batch.")] = None,
+    state: Annotated[
+        DeliveryState | None, Query(description="Only deliveries in this state.")
+    ] = None,
     after: Annotated[str | None, Query(description="Cursor: `last_id` of a page.")] = None,
-    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    limit: Annotated[int, Query(ge=1, le=100, description="Deliveries a page.")] = 20,
 ) -> DeliveryList:
     """Deliveries, newest first, each with every attempt (status code, latency, error)."""
     page = webhooks.page(

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from inferq.host import supervision
+
 log = logging.getLogger(__name__)
 
 Entries = list[tuple[bytes, dict[bytes, bytes]]]
@@ -53,7 +55,7 @@ class StreamReader:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="stream-reader")
+        self._task = supervision.watch_task(asyncio.create_task(self._run(), name="stream-reader"))
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -32,6 +32,7 @@ from inferq.broker.events import batch_progress_channel, done_channel
 from inferq.constants import API_CHANNEL
 from inferq.domain.jobs import Job
 from inferq.exceptions import InferqError
+from inferq.host import supervision
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +70,8 @@ class JobWaiter:
         """Start listening; returns once subscribed, or after `SUBSCRIBE_TIMEOUT_S` if
         Redis is out of reach (waits then rely on the sweep until it is back)."""
         self._tasks = [
-            asyncio.create_task(self._listen(), name="job-waiter"),
-            asyncio.create_task(self._sweep(), name="job-waiter-sweep"),
+            supervision.watch_task(asyncio.create_task(self._listen(), name="job-waiter")),
+            supervision.watch_task(asyncio.create_task(self._sweep(), name="job-waiter-sweep")),
         ]
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._connected.wait(), SUBSCRIBE_TIMEOUT_S)

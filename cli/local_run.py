@@ -25,6 +25,7 @@ from inferq.domain.batches import Batch, BatchStatus, FilePurpose
 from inferq.domain.jobs import JobStatus
 from inferq.domain.served_models import served_by
 from inferq.exceptions import BrokerUnavailable, InferqError, JobsReturned
+from inferq.host import supervision
 from inferq.operations.batches import BatchOperations
 from inferq.settings import Settings
 from inferq.store.migrate import upgrade
@@ -195,7 +196,7 @@ class LocalRun:
             self.batches.job_id_chunks(batch_id), settings.effective_bulk_chunk_size
         )
         consumers = [
-            threading.Thread(target=work.consume, args=(runtime,), name=f"consumer-{i}")
+            supervision.thread(work.consume, args=(runtime,), name=f"consumer-{i}", daemon=False)
             for i in range(_consumers(settings))
         ]
         runtime.start()

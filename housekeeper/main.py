@@ -15,6 +15,7 @@ from celery import Celery
 
 from housekeeper.maintenance import Maintenance
 from housekeeper.retention import Retention
+from housekeeper.stall import beat_watch, housekeeper_watch
 from housekeeper.webhook_sender import WebhookSender
 from inferq.app import App
 from inferq.broker.celery_app import make_celery
@@ -35,6 +36,8 @@ from inferq.store.served_models import ModelStore
 from inferq.wire.public import batch_json, job_json
 
 log = logging.getLogger(__name__)
+
+THREADS = 8
 
 
 def register_housekeeping_tasks(
@@ -104,20 +107,30 @@ def run_housekeeper(settings: Settings, *, name: str | None = None) -> None:
         served_models=functools.partial(_bases, app.served_models),
     )
     register_housekeeping_tasks(app.celery, maintenance, app.batch_lifecycle, sender)
+    node = name or f"service-{os.getpid()}@{socket.gethostname()}"
+    watch = housekeeper_watch(
+        celery=app.celery,
+        monitor=app.queues,
+        node=node,
+        threads=THREADS,
+        stall_s=settings.stall_s,
+    )
+    watch.start()
     try:
         app.celery.worker_main(
             [
                 "worker",
                 "--pool=threads",
-                "--concurrency=8",
+                f"--concurrency={THREADS}",
                 f"--queues={','.join(SERVICE_QUEUES)}",
-                f"--hostname={name or f'service-{os.getpid()}@{socket.gethostname()}'}",
+                f"--hostname={node}",
                 f"--loglevel={settings.log_level}",
                 "--without-mingle",
                 "--without-gossip",
             ]
         )
     finally:
+        watch.stop()
         sender.close()  # deliveries under way finish first
 
 
@@ -132,4 +145,5 @@ def run_beat(settings: Settings) -> None:
     }
     # The schedule file only remembers when tasks last ran; a fresh one is harmless.
     schedule = Path(tempfile.gettempdir()) / f"inferq-beat-{os.getpid()}"
+    beat_watch(stall_s=settings.stall_s).start()
     app.start(["beat", f"--schedule={schedule}", f"--loglevel={settings.log_level}"])

@@ -48,6 +48,7 @@ from inferq.constants import (
     RETENTION_PASSES_KEY,
 )
 from inferq.domain.queue_names import gpu_queues, is_bulk
+from inferq.host import supervision
 from inferq.operations.batch_estimates import BatchEstimates
 from inferq.operations.batches import BatchLifecycle
 from inferq.store.base import utcnow
@@ -113,9 +114,7 @@ class Maintenance:
         if not lock.acquire(blocking=False):
             return MaintenanceReport(redis_lost=False, republished=0, skipped=True)
         ended = threading.Event()
-        renewing = threading.Thread(
-            target=self._renew, args=(lock, ended), name="maintenance-lock", daemon=True
-        )
+        renewing = supervision.thread(self._renew, args=(lock, ended), name="maintenance-lock")
         renewing.start()
         try:
             report = self._run()

@@ -38,6 +38,11 @@ class CapacityGate:
         """Batch chunks waiting for room (each holding its message meanwhile)."""
         return len(self._bulk)
 
+    @property
+    def has_room(self) -> bool:
+        """Another job would get in now (room, and nobody waiting for it)."""
+        return self._used < self._limit and not self._interactive and not self._bulk
+
     def acquire(self, count: int, *, interactive: bool, timeout_s: float | None = None) -> bool:
         """Wait for room for `count` jobs, after every waiter of its kind that came
         before; False if the gate closed (shutdown) meanwhile, or `timeout_s` passed first.

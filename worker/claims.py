@@ -10,10 +10,11 @@ lease lapses and maintenance publishes it again), only later.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from inferq.domain.jobs import ClaimedJob
 from inferq.exceptions import JobsReturned, StoreUnavailable
@@ -69,7 +70,8 @@ class Claimer:
         finally:
             with self._lock:
                 self._waiting.pop(token, None)
-        claimed = self._claim(job_ids)
+        with self._room_back_on_error(len(job_ids)):
+            claimed = self._claim(job_ids)
         self._gate.release(len(job_ids) - len(claimed))
         return claimed
 
@@ -79,9 +81,10 @@ class Claimer:
         if not self._gate.acquire(len(job_ids), interactive=True, timeout_s=OFFER_WAIT_S):
             return []
         try:
-            claimed = self._store.claim_jobs(
-                job_ids, worker=self._worker_name, lease_s=self._lease_s
-            )
+            with self._room_back_on_error(len(job_ids)):
+                claimed = self._store.claim_jobs(
+                    job_ids, worker=self._worker_name, lease_s=self._lease_s
+                )
         except StoreUnavailable:
             claimed = []  # their messages will bring them
         self._gate.release(len(job_ids) - len(claimed))
@@ -99,6 +102,19 @@ class Claimer:
                 # Their leases will lapse and maintenance will publish them: still safe.
                 log.warning("cannot give back %d jobs yet (%s)", len(job_ids), exc)
                 time.sleep(0.5 * (attempt + 1))
+
+    @contextlib.contextmanager
+    def _room_back_on_error(self, count: int) -> Iterator[None]:
+        """Room taken for a claim goes back if the claim raises: kept, it would be lost
+        for the life of the process, and enough of it would leave the worker taking
+        nothing. (A `StoreUnavailable` from an offer's claim is handled by its caller.)"""
+        try:
+            yield
+        except StoreUnavailable:
+            raise
+        except BaseException:
+            self._gate.release(count)
+            raise
 
     def _claim(self, job_ids: list[str]) -> list[ClaimedJob]:
         backoff = 0.1

@@ -12,6 +12,7 @@ from redis.exceptions import RedisError
 
 from inferq.broker.worker_registry import HEARTBEAT_EVERY_S, WorkerRegistry, WorkerStatus
 from inferq.exceptions import StoreUnavailable
+from inferq.host import supervision
 from inferq.store.engine_speeds import SpeedStore
 from worker.runtime import EngineRuntime
 
@@ -39,7 +40,7 @@ class Heartbeat:
         self._gpus = gpus
         self._started_at = datetime.now(UTC).isoformat()
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+        self._thread = supervision.thread(self._run, name="heartbeat")
 
     def start(self) -> None:
         self._beat()

@@ -10,6 +10,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from inferq.broker.events import cancel_channel, decode_ids, submitted_channel
+from inferq.host import supervision
 from worker.runtime import EngineRuntime
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ class JobEventListener:
         self._submitted = submitted_channel(key_prefix, model)
         self._runtime = runtime
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="job-events", daemon=True)
+        self._thread = supervision.thread(self._run, name="job-events")
 
     def start(self) -> None:
         self._thread.start()

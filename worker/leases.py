@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from inferq.exceptions import StoreUnavailable
+from inferq.host import supervision
 from worker.store import WorkerStore
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ class LeaseKeeper:
         self._waiting = waiting
         self._on_lost = on_lost
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="leases", daemon=True)
+        self._thread = supervision.thread(self._run, name="leases")
 
     def start(self) -> None:
         self._thread.start()

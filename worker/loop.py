@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from inferq.broker.token_stream import RunStarted, TokenEvent
 from inferq.domain.jobs import JobError, JobOutcome, is_interactive
 from inferq.exceptions import EngineError, RequestRejected
+from inferq.host import supervision
 from worker.admission import AdmissionQueue
 from worker.engine.protocol import Engine, EngineRequest
 from worker.metrics import WorkerMetrics
@@ -87,7 +88,7 @@ class EngineLoop:
         self._admitting.set()
         self._taking = False  # requests are between the admission queue and `_in_flight`
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread = supervision.thread(self._run, name="engine-loop")
         self.engine_restarts = 0
 
     @property

@@ -6,22 +6,24 @@ import logging
 import os
 import re
 import socket
-import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from celery import Celery
 from celery.signals import worker_shutting_down
-from prometheus_client import start_http_server
 
 from inferq.app import App
-from inferq.broker.celery_app import JobPublisher, make_celery
+from inferq.broker.celery_app import JobPublisher, consume_again, make_celery
+from inferq.broker.queues import QueueMonitor
 from inferq.broker.token_stream import TokenStreamWriter
 from inferq.domain.queue_names import gpu_queues
 from inferq.domain.served_models import served_by
-from inferq.exceptions import InferqError
+from inferq.host import supervision
 from inferq.host.preflight import engine_settings
+from inferq.host.stall import EXIT_STUCK, Progress, StallWatch
 from inferq.settings import Settings
 from inferq.store.batches import BatchStore
 from inferq.store.migrate import check_schema
+from worker import probes
 from worker.engine.factory import build_engine
 from worker.heartbeat import Heartbeat
 from worker.job_events import JobEventListener
@@ -50,16 +52,42 @@ def _die(exc: BaseException) -> None:
     os._exit(EXIT_ENGINE_LOST)
 
 
-def _serve_metrics(port: int) -> None:
-    try:
-        start_http_server(port)
-    except OSError as exc:
-        raise InferqError(
-            f"cannot serve metrics on port {port} ({exc.strerror}): give each worker on a host "
-            "its own INFERQ_WORKER_METRICS_PORT, or 0 to turn metrics off"
-        ) from exc
+def _serve_metrics(port: int, state: probes.State) -> None:
+    probes.serve(port, state)
     register_gpu_collector()
-    log.info("metrics on :%d/metrics", port)
+    log.info("metrics on :%d/metrics, probes on /livez and /readyz", port)
+
+
+def _stall_watch(
+    settings: Settings,
+    *,
+    runtime: EngineRuntime,
+    consumer: Celery,
+    queues: Sequence[str],
+    monitor: QueueMonitor,
+    worker_name: str,
+) -> StallWatch:
+    """The worker's progress: messages taken, room for another (a free Celery thread and
+    room at the gate), and messages waiting in its model's queues."""
+
+    def read() -> Progress:
+        taken, room = runtime.progress(slots=settings.effective_worker_concurrency)
+        return Progress(taken=taken, room=room, waiting=sum(monitor.depth(q) for q in queues))
+
+    def give_up(why: str) -> None:
+        # Jobs in the engine get the drain's time to finish; the rest go back at once.
+        runtime.drain(settings.drain_timeout_s)
+        log.critical("the GPU worker exits (%d) to be restarted: %s", EXIT_STUCK, why)
+        logging.shutdown()
+        os._exit(EXIT_STUCK)
+
+    return StallWatch(
+        name=f"GPU worker {worker_name}",
+        stall_s=settings.stall_s,
+        read=read,
+        heal=lambda: consume_again(consumer, node=worker_name, queues=queues),
+        give_up=give_up,
+    )
 
 
 def _batch_finisher(batches: BatchStore, publisher: JobPublisher) -> Callable[[set[str]], None]:
@@ -76,9 +104,11 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
     """Run a GPU worker until it is told to stop (SIGTERM or SIGINT)."""
     check_schema(settings.database_url)
     metrics = WorkerMetrics()
+    state = probes.State()
+    metrics.ready.set_function(lambda: float(state.ready and state.stuck is None))
     if settings.worker_metrics_port:
         # First, so a port clash fails in a second, not after the model has loaded.
-        _serve_metrics(settings.worker_metrics_port)
+        _serve_metrics(settings.worker_metrics_port, state)
     worker_name = name or default_worker_name(settings.model_name)
     # Before anything loads: one line and a non-zero exit if this host cannot run the model.
     settings = engine_settings(settings)
@@ -119,9 +149,7 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
 
     def drain_on_shutdown(**_: object) -> None:
         # Celery stops consuming and waits for running tasks; the drain makes them end.
-        threading.Thread(
-            target=runtime.drain, args=(settings.drain_timeout_s,), name="drain", daemon=True
-        ).start()
+        supervision.thread(runtime.drain, args=(settings.drain_timeout_s,), name="drain").start()
 
     worker_shutting_down.connect(drain_on_shutdown, weak=False)
     tokens.start()
@@ -141,7 +169,16 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
     served = served_models(settings, engine)
     app.served_models.register(served)
     metrics.serving(served, worker=worker_name)
-    metrics.ready.set(1)
+    state.watch = _stall_watch(
+        settings,
+        runtime=runtime,
+        consumer=consumer,
+        queues=queues,
+        monitor=app.queues,
+        worker_name=worker_name,
+    )
+    state.watch.start()
+    state.ready = True
     log.info(
         "GPU worker %s ready: serving %s, consuming %s",
         worker_name,
@@ -162,6 +199,7 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
             ]
         )
     finally:
+        state.watch.stop()
         heartbeat.stop()
         cancels.stop()
         runtime.stop()  # the engine loop closes its engine

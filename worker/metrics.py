@@ -74,7 +74,7 @@ class WorkerMetrics:
         )
         self.ready = Gauge(
             "inferq_worker_ready",
-            "1 once the engine is loaded and the worker consumes.",
+            "1 once the engine is loaded and the worker consumes; 0 while it is stuck (/livez).",
             registry=registry,
         )
         self.served_model = Gauge(

@@ -26,6 +26,7 @@ from inferq.broker.events import FinishedJobs
 from inferq.broker.token_stream import TokenEvent
 from inferq.domain.jobs import ClaimedJob, JobOutcome, engine_priority
 from inferq.exceptions import JobsReturned
+from inferq.host import supervision
 from inferq.settings import Settings
 from worker.admission import AdmissionQueue
 from worker.capacity import CapacityGate
@@ -119,6 +120,11 @@ class EngineRuntime:
             on_lost=self.cancel,
         )
         self._offers = ThreadPoolExecutor(OFFER_THREADS, thread_name_prefix="offers")
+        # Messages taken since start, and those whose tasks run now: the stall watch's
+        # reading of progress (inferq/host/stall.py).
+        self._taken = 0
+        self._running = 0
+        self._counts = threading.Lock()
         self._stopping = threading.Event()
         self._draining = threading.Event()
         metrics.jobs_held.set_function(lambda: len(self._tickets))
@@ -178,11 +184,27 @@ class EngineRuntime:
         """Jobs this worker holds: pending admission, in the engine, or being written."""
         return len(self._tickets)
 
+    def progress(self, *, slots: int) -> tuple[int, bool]:
+        """Messages taken so far, and whether another would be taken now: one of the
+        `slots` Celery threads is free and the gate has room."""
+        with self._counts:
+            return self._taken, self._running < slots and self._gate.has_room
+
     def run(self, job_ids: Sequence[str], *, interactive: bool) -> None:
         """Run these jobs and return once each has ended (written, skipped or aborted).
 
         Raises `JobsReturned` if the worker is shutting down and gave any of them back.
         """
+        with self._counts:
+            self._taken += 1
+            self._running += 1
+        try:
+            self._run(job_ids, interactive=interactive)
+        finally:
+            with self._counts:
+                self._running -= 1
+
+    def _run(self, job_ids: Sequence[str], *, interactive: bool) -> None:
         if self._draining.is_set():
             raise JobsReturned("the worker is shutting down")
         known, fresh = self._tickets.split(job_ids)
@@ -198,7 +220,8 @@ class EngineRuntime:
         # Only batch chunks: a newer single job must not jump older ones.
         saturated = self._gate.bulk_waiting > 0
         if saturated and not self._draining.is_set() and not self._stopping.is_set():
-            self._offers.submit(self._take_offered, list(job_ids))
+            offered = self._offers.submit(self._take_offered, list(job_ids))
+            supervision.watch_future(offered, name="an offered job's claim")
 
     def cancel(self, job_ids: Sequence[str]) -> None:
         """Stop work on jobs that were cancelled (or taken by another worker)."""

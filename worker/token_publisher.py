@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 import queue
-import threading
 from collections.abc import Sequence
 
 from inferq.broker.token_stream import TokenEvent, TokenStreamWriter, coalesce
+from inferq.host import supervision
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ class TokenPublisher:
     def __init__(self, writer: TokenStreamWriter) -> None:
         self._writer = writer
         self._queue: queue.SimpleQueue[Sequence[TokenEvent] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="token-publisher", daemon=True)
+        self._thread = supervision.thread(self._run, name="token-publisher")
 
     def start(self) -> None:
         self._thread.start()

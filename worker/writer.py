@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 
 from inferq.domain.jobs import JobError, JobOutcome
 from inferq.exceptions import StoreUnavailable
+from inferq.host import supervision
 from worker.store import WorkerStore
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class ResultWriter:
         self._queue: queue.SimpleQueue[JobOutcome | None] = queue.SimpleQueue()
         self._pending = 0  # put and not yet committed
         self._pending_lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="result-writer", daemon=True)
+        self._thread = supervision.thread(self._run, name="result-writer")
 
     def start(self) -> None:
         self._thread.start()

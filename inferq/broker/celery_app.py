@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 from celery import Celery
+from celery.utils.nodenames import default_nodename
 from kombu import Exchange, Queue
 
 from inferq.broker import redis_transport
@@ -107,6 +108,23 @@ def make_celery(
         worker_redirect_stdouts=False,
     )
     return app
+
+
+def consume_again(app: Celery, *, node: str, queues: Sequence[str]) -> bool:
+    """Ask the worker `node` to consume `queues` again, through Celery's remote control
+    (as an operator would); True if it said it does for each. A worker whose control
+    channel is gone too says nothing."""
+    name = default_nodename(node)
+    for queue in queues:
+        try:
+            replies = app.control.add_consumer(queue, destination=[name], reply=True, timeout=5)
+        except Exception as exc:  # noqa: BLE001 - whatever the broker says, it did not work
+            log.warning("could not ask %s to consume %s again: %s", name, queue, exc)
+            return False
+        if not any("ok" in reply.get(name, {}) for reply in replies):
+            log.warning("%s did not consume %s again: %s", name, queue, replies)
+            return False
+    return True
 
 
 class JobPublisher:

@@ -17,7 +17,7 @@ from inferq.settings.api import ApiSettings, BatchFileSettings
 from inferq.settings.connection import ConnectionSettings, redact_url
 from inferq.settings.engine import DEFAULT_MODEL, LORA_RANKS, EngineSettings
 from inferq.settings.housekeeping import MaintenanceSettings, WebhookSettings
-from inferq.settings.observability import FlowerSettings, LogSettings
+from inferq.settings.observability import FlowerSettings, HealthSettings, LogSettings
 from inferq.settings.worker import WorkerSettings
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
 # first, so that the table (`settings_table`) and `inferq settings` read from the
 # connections down.
 class Settings(
+    HealthSettings,
     LogSettings,
     WebhookSettings,
     FlowerSettings,
@@ -75,6 +76,16 @@ class Settings(
             raise ValueError(
                 f"INFERQ_VISIBILITY_TIMEOUT_S is {self.visibility_timeout_s}, but must be at least "
                 f"{floor:g} (4 leases, 2 drain timeouts and 2 engine step timeouts)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _stall_after_maintenance(self) -> Settings:
+        # Beat counts as stuck when it has scheduled no maintenance pass for INFERQ_STALL_S.
+        if self.stall_s < (floor := 2 * self.maintenance_interval_s):
+            raise ValueError(
+                f"INFERQ_STALL_S is {self.stall_s:g}, but must be at least {floor:g} "
+                "(2 maintenance intervals, INFERQ_MAINTENANCE_INTERVAL_S)"
             )
         return self
 

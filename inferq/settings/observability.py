@@ -1,4 +1,5 @@
-"""How operators watch inferq: Flower, and every process's log."""
+"""How operators watch inferq (Flower, every process's log), and how its processes watch
+themselves."""
 
 from __future__ import annotations
 
@@ -20,4 +21,18 @@ class LogSettings(BaseModel):
     log_level: str = Field("INFO", description="Log level of every process.")
     log_json: bool = Field(
         False, description="Log one JSON object per line, with job and batch ids as fields."
+    )
+
+
+class HealthSettings(BaseModel):
+    """When a process that looks alive but does nothing counts as stuck."""
+
+    stall_s: float = Field(
+        120,
+        ge=10,
+        description="A worker with room, whose queues hold work, that takes none for this long "
+        "is stuck: it consumes again, and exits to be restarted if still stuck this long "
+        "after (the webhooks worker likewise; beat exits when it has scheduled no maintenance "
+        "for this long). Too short restarts a worker that is only slow to get back to Redis "
+        "after an outage; too long leaves jobs waiting (docs: Operations).",
     )

@@ -72,16 +72,20 @@ class Deployment:
         *,
         wait: bool = True,
         kill_engine_seed: int | None = None,
+        raise_once: str | None = None,
+        deaf_control: bool = False,
         **overrides: str,
     ) -> ServiceProcess:
-        """A GPU worker with the deployment's settings and `overrides`; `kill_engine_seed`:
-        see `tests.helpers.processes.start_worker`."""
+        """A GPU worker with the deployment's settings and `overrides`; `kill_engine_seed`
+        `raise_once` and `deaf_control`: see `tests.helpers.processes.start_worker`."""
         worker = start_worker(
             env={**self.env, **overrides},
             log_dir=self.log_dir,
             name=name,
             wait=wait,
             kill_engine_seed=kill_engine_seed,
+            raise_once=raise_once,
+            deaf_control=deaf_control,
         )
         self.processes.append(worker)
         return worker

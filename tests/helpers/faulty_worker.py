@@ -1,19 +1,33 @@
-"""`inferq` with a fault the tests inject into its engine: a request with a given seed
-SIGKILLs vLLM's engine core as it enters the engine (as a crash of the core would), each
-time it does, while the worker process itself lives on.
+"""`inferq` with a fault the tests inject:
+
+- `INFERQ_TEST_KILL_ENGINE_SEED`: a request with this seed SIGKILLs vLLM's engine core as
+  it enters the engine (as a crash of the core would), each time it does, while the
+  worker process itself lives on.
+- `INFERQ_TEST_RAISE_ONCE`: the first call of one piece raises an error nobody planned
+  for (`claim`: the claim of a task's jobs in Postgres; `announce`: the announcement of
+  committed results, inside the result writer's thread).
+- `INFERQ_TEST_DEAF_CONTROL`: Celery's remote control refuses `add_consumer` (as a worker
+  whose control channel is gone too would not do it).
+- `INFERQ_TEST_SILENT_BEAT`: `inferq beat` runs on and sends nothing.
 
 Run as `python -m tests.helpers.faulty_worker worker --name ...` (the arguments of
-`python -m cli.main`) with `INFERQ_TEST_KILL_ENGINE_SEED` set (`start_worker`'s
-`kill_engine_seed` does both). It wraps the engine factory before the worker imports it,
-then runs the CLI: only a worker a test starts this way can be killed by a request.
+`python -m cli.main`; `start_worker`'s `kill_engine_seed` and `raise_once` do both). It
+wraps the pieces before the worker imports them, then runs the CLI: only a worker a test
+starts this way has the fault.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import TYPE_CHECKING, Any
 
+from celery import beat
+from celery.worker import control
+
+from inferq.broker.events import JobEvents
+from inferq.store.jobs import JobStore
 from worker.engine import factory
 
 if TYPE_CHECKING:
@@ -22,6 +36,9 @@ if TYPE_CHECKING:
     from worker.engine.vllm.generate import VllmEngine
 
 SEED_VARIABLE = "INFERQ_TEST_KILL_ENGINE_SEED"
+RAISE_VARIABLE = "INFERQ_TEST_RAISE_ONCE"
+DEAF_VARIABLE = "INFERQ_TEST_DEAF_CONTROL"
+SILENT_BEAT_VARIABLE = "INFERQ_TEST_SILENT_BEAT"
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +63,54 @@ class SeedKillsEngine:
         return getattr(self._engine, name)
 
 
+class InjectedFault(RuntimeError):
+    """Raised by a piece the test chose (`INFERQ_TEST_RAISE_ONCE`)."""
+
+
+def raise_once(owner: type, name: str) -> None:
+    """`owner.name` raises `InjectedFault` the first time it is called, then works."""
+    method = getattr(owner, name)
+    raised = threading.Event()
+
+    def faulty(*args: Any, **kwargs: Any) -> Any:
+        if not raised.is_set():
+            raised.set()
+            log.warning("fault hook: %s.%s raises once", owner.__name__, name)
+            raise InjectedFault(f"injected into {owner.__name__}.{name}")
+        return method(*args, **kwargs)
+
+    setattr(owner, name, faulty)
+
+
 def main() -> None:
-    seed = int(os.environ[SEED_VARIABLE])
-    build_engine = factory.build_engine
+    if SEED_VARIABLE in os.environ:
+        seed = int(os.environ[SEED_VARIABLE])
+        build_engine = factory.build_engine
 
-    def build_faulty_engine(settings: EngineSettings) -> Engine:
-        engine: Any = build_engine(settings)
-        return SeedKillsEngine(engine, seed=seed)
+        def build_faulty_engine(settings: EngineSettings) -> Engine:
+            engine: Any = build_engine(settings)
+            return SeedKillsEngine(engine, seed=seed)
 
-    factory.build_engine = build_faulty_engine
+        factory.build_engine = build_faulty_engine
+    piece = os.environ.get(RAISE_VARIABLE)
+    if piece == "claim":
+        raise_once(JobStore, "claim_jobs")
+    elif piece == "announce":
+        raise_once(JobEvents, "finished")
+    elif piece is not None:
+        raise SystemExit(f"{RAISE_VARIABLE}={piece!r}: claim or announce")
+    if DEAF_VARIABLE in os.environ:
+
+        def deaf(*_: Any, **__: Any) -> dict[str, str]:
+            return control.nok("fault hook: this worker cannot consume again")
+
+        control.Panel.data["add_consumer"] = deaf
+    if SILENT_BEAT_VARIABLE in os.environ:
+
+        def silent(self: beat.Scheduler, entry: beat.ScheduleEntry, **_: Any) -> None:
+            log.warning("fault hook: beat does not send %s", entry.task)
+
+        beat.Scheduler.apply_async = silent  # type: ignore[assignment,method-assign]
     # Imported only now: the worker's modules bind `build_engine` when they are imported.
     from cli.main import main as inferq
 

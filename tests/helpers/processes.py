@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.helpers.faulty_worker import SEED_VARIABLE
+from tests.helpers.faulty_worker import DEAF_VARIABLE, RAISE_VARIABLE, SEED_VARIABLE
 
 INFERQ = [sys.executable, "-m", "cli.main"]
 # The same, with a fault hook in the engine (see there).
@@ -136,14 +136,24 @@ def start_worker(
     name: str = "worker",
     wait: bool = True,
     kill_engine_seed: int | None = None,
+    raise_once: str | None = None,
+    deaf_control: bool = False,
 ) -> ServiceProcess:
     """A GPU worker; with `kill_engine_seed`, one whose engine core a request with that seed
-    kills (tests/helpers/faulty_worker.py)."""
+    kills; with `raise_once`, one whose piece of that name raises once; with
+    `deaf_control`, one that refuses to consume again when told (all:
+    tests/helpers/faulty_worker.py)."""
     env = {"INFERQ_WORKER_METRICS_PORT": str(free_port()), **env}
     command = INFERQ
     if kill_engine_seed is not None:
         command = FAULTY_INFERQ
         env = {**env, SEED_VARIABLE: str(kill_engine_seed)}
+    if raise_once is not None:
+        command = FAULTY_INFERQ
+        env = {**env, RAISE_VARIABLE: raise_once}
+    if deaf_control:
+        command = FAULTY_INFERQ
+        env = {**env, DEAF_VARIABLE: "1"}
     worker = ServiceProcess(
         name, [*command, "worker", "--name", f"{name}@test"], env=env, log_dir=log_dir
     )

@@ -18,6 +18,8 @@ import threading
 import time
 from types import TracebackType
 
+from inferq.host import supervision
+
 _ERROR_LINE = re.compile(r"\b((?:[A-Za-z_][\w.]*)?(?:Error|Exception)): (.+)$")
 # The parent's (and the engine core's) own words for a failed start: never the cause.
 _NOT_A_CAUSE = (
@@ -61,9 +63,7 @@ class _HeldFd:
         read_fd, write_fd = os.pipe()
         os.dup2(write_fd, fd)
         os.close(write_fd)
-        self.reader = threading.Thread(
-            target=self._copy, args=(read_fd,), name=f"engine-output-{fd}", daemon=True
-        )
+        self.reader = supervision.thread(self._copy, args=(read_fd,), name=f"engine-output-{fd}")
         self.reader.start()
 
     def restore(self) -> None:

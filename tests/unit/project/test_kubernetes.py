@@ -106,10 +106,10 @@ def test_probes_ask_what_compose_s_healthchecks_ask(manifests: list[Manifest]) -
     assert api["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert "/readyz" in compose["api"]["healthcheck"]["test"][-1]
     worker = containers["inferq-worker-llama"]
-    assert (
-        worker["readinessProbe"]["exec"]["command"][-1]
-        == compose["worker"]["healthcheck"]["test"][-1]
-    )
+    assert worker["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert "9400/readyz" in compose["worker"]["healthcheck"]["test"][-1]
+    # Alive unless stuck (a worker that takes nothing while work waits is restarted).
+    assert worker["livenessProbe"]["httpGet"]["path"] == "/livez"
     webhooks = containers["inferq-webhooks"]
     assert (
         webhooks["livenessProbe"]["exec"]["command"]

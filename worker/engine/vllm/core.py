@@ -31,6 +31,7 @@ except ImportError:  # vLLM 0.25 (the CUDA build for torch 2.11): its request er
     VLLMClientError = ValueError
 
 from inferq.exceptions import EngineError, EngineStartFailed
+from inferq.host import supervision
 from inferq.host.processes import descendants, lower_group
 from inferq.settings import EngineSettings
 from worker.engine.output import HeldOutput, start_failure
@@ -187,7 +188,7 @@ class SteppedVllm:
         self._step_timeout_s = step_timeout_s
         self._step_started: float | None = None
         self._closed = threading.Event()
-        self._watchdog = threading.Thread(target=self._watch, name="engine-watchdog", daemon=True)
+        self._watchdog = supervision.thread(self._watch, name="engine-watchdog")
         self._watchdog.start()
 
     @property

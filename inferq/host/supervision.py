@@ -1,0 +1,87 @@
+"""One rule for every long-lived thread, pool task and asyncio task of an inferq process:
+an exception nobody planned for is logged with its traceback, and the process exits with
+`EXIT_THREAD_DIED`.
+
+A thread is never restarted in its place: after an unexpected exception nothing proves
+that what it shared (held jobs, room at the gate, results half written) is consistent. A
+process that exits lets its leases lapse and its unacknowledged messages go back to
+Redis, the paths the fault tests prove, and compose's restart policy or Kubernetes starts
+a fresh one. Without this, a dead thread leaves a process that looks alive and does
+nothing: every task waiting on the result writer waits forever.
+
+    thread(self._run, name="result-writer")      # instead of threading.Thread
+    watch_future(pool.submit(...), name="offer")  # an executor's task
+    watch_task(asyncio.create_task(...))          # the API's long-lived tasks
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+EXIT_THREAD_DIED = 71
+
+
+def died(name: str, exc: BaseException) -> None:
+    """The one policy: log the traceback, then end the process at once (not through
+    `sys.exit`, which a thread cannot do, nor atexit, which could wait on the dead)."""
+    log.critical(
+        "%s died of an unexpected error; the process exits (%d) so that it is restarted "
+        "and its jobs go to other workers",
+        name,
+        EXIT_THREAD_DIED,
+        exc_info=exc,
+    )
+    logging.shutdown()
+    os._exit(EXIT_THREAD_DIED)
+
+
+def supervised(target: Callable[..., object], *, name: str) -> Callable[..., None]:
+    """`target`, ending the process if it raises."""
+
+    def run(*args: Any) -> None:
+        try:
+            target(*args)
+        except BaseException as exc:  # noqa: BLE001 - the one place that catches everything
+            died(f"thread {name}", exc)
+
+    return run
+
+
+def thread(
+    target: Callable[..., object], *, name: str, args: tuple[Any, ...] = (), daemon: bool = True
+) -> threading.Thread:
+    """A thread running `target` under the rule."""
+    return threading.Thread(
+        target=supervised(target, name=name), args=args, name=name, daemon=daemon
+    )
+
+
+def watch_future(future: Future[Any], *, name: str) -> None:
+    """An executor's task under the rule: its exception is not left in a future nobody
+    reads. A task cancelled before it ran is not a failure."""
+
+    def check(done: Future[Any]) -> None:
+        if not done.cancelled() and (exc := done.exception()) is not None:
+            died(name, exc)
+
+    future.add_done_callback(check)
+
+
+def watch_task(task: asyncio.Task[Any]) -> asyncio.Task[Any]:
+    """A long-lived asyncio task under the rule (cancelling it at shutdown is not a
+    failure)."""
+
+    def check(done: asyncio.Task[Any]) -> None:
+        if not done.cancelled() and (exc := done.exception()) is not None:
+            died(f"task {done.get_name()}", exc)
+
+    task.add_done_callback(check)
+    return task

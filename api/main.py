@@ -17,7 +17,13 @@ from api.deps import ApiServices
 from api.errors import register_error_handlers
 from api.grouping import Grouped
 from api.idempotency import Idempotency
-from api.metrics import ApiMetrics, QueueCollector, RequestMetrics, UsageCollector
+from api.metrics import (
+    ApiMetrics,
+    QueueCollector,
+    RequestMetrics,
+    StalledJobsCollector,
+    UsageCollector,
+)
 from api.ratelimit import RateLimiter
 from api.routes import (
     admin,
@@ -114,6 +120,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         inferq.catalog.warm()
         app.state.services = services
         metrics.registry.register(QueueCollector(inferq.queues, inferq.workers, inferq.catalog))
+        metrics.registry.register(StalledJobsCollector(inferq.stalled_jobs))
         metrics.registry.register(UsageCollector(inferq.usage))
         await services.waiter.start()
         await services.stream_reader.start()

@@ -1,5 +1,5 @@
 """The API's Prometheus metrics: requests by route and status, latency, queue depths,
-and usage by tenant and model."""
+stalled jobs, and usage by tenant and model."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferq.broker.queues import QueueMonitor
+from inferq.broker.stalled_jobs import StalledJobs
 from inferq.broker.worker_registry import WorkerRegistry
 from inferq.exceptions import InferqError
 from inferq.store.usage import UsageStore
@@ -70,6 +71,32 @@ class QueueCollector(Collector):
         for base in bases:
             serving.add_metric([base], sum(1 for w in online if w.model == base))
         yield serving
+
+
+class StalledJobsCollector(Collector):
+    """Each served model's stalled jobs, as maintenance counted them at its last pass (it
+    writes them to Redis; a scrape never queries Postgres for them)."""
+
+    def __init__(self, stalled: StalledJobs) -> None:
+        self._stalled = stalled
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            counts = self._stalled.counts()
+        except InferqError as exc:
+            log.warning("cannot read stalled jobs: %s", exc.message)
+            return
+        if not counts:  # maintenance has not counted lately: no sample, rather than a 0
+            return
+        stalled = GaugeMetricFamily(
+            "inferq_jobs_stalled",
+            "Jobs queued for longer than INFERQ_STALL_S while workers online for their model "
+            "had room, by model, at maintenance's last pass.",
+            labels=["model"],
+        )
+        for model, count in sorted(counts.items()):
+            stalled.add_metric([model], count)
+        yield stalled
 
 
 class UsageCollector(Collector):

@@ -86,6 +86,17 @@ def _workers(settings: ConnectionSettings) -> Check:
             "no GPU worker online: start `inferq worker` (it heartbeats once its model is "
             "loaded), with the same INFERQ_REDIS_URL and INFERQ_REDIS_KEY_PREFIX",
         )
+    stuck = [w for w in online if w.stuck is not None]
+    if stuck:
+        named = "; ".join(f"{w.name} ({_serves(w)}) is stuck: {w.stuck}" for w in stuck)
+        return Check(
+            "workers",
+            False,
+            f"{len(stuck)} of {len(online)} online stuck: {named}. A stuck worker consumes its "
+            "queues again, then exits (code 72) if still stuck INFERQ_STALL_S later: see that "
+            "its supervisor starts it again, and if it comes back stuck, read its log and "
+            "check its connection to Redis",
+        )
     described = ", ".join(f"{w.name} ({_serves(w)})" for w in online)
     return Check("workers", True, f"{len(online)} online: {described}")
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from celery import Celery
 
+from housekeeper.fleet import FleetWatch
 from housekeeper.maintenance import Maintenance
 from housekeeper.retention import Retention
 from housekeeper.stall import beat_watch, housekeeper_watch
@@ -103,6 +104,14 @@ def run_housekeeper(settings: Settings, *, name: str | None = None) -> None:
             app.retention,
             job_retention_s=settings.job_retention_s,
             webhook_retention_s=settings.webhook_retention_s,
+        ),
+        fleet=FleetWatch(
+            store=app.jobs,
+            workers=app.workers,
+            stalled=app.stalled_jobs,
+            stall_s=settings.stall_s,
+            # As long as `inferq health maintenance` waits for a pass.
+            record_ttl_s=3 * settings.maintenance_interval_s,
         ),
         served_models=functools.partial(_bases, app.served_models),
     )

@@ -14,6 +14,9 @@
 A duplicate message is harmless: a worker claims a job only while it is queued (or its
 lease ran out), so the second message finds nothing to do.
 
+Jobs queued for `INFERQ_STALL_S` while their model's workers have room are counted and
+logged as stalled (housekeeper/fleet.py).
+
 Batches in progress are estimated again (inferq/operations/batch_estimates.py), so each
 says when it will end as the work before it and its own lines run.
 
@@ -30,7 +33,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import cast
 
@@ -38,6 +41,7 @@ from redis import Redis
 from redis.exceptions import LockError, RedisError
 from redis.lock import Lock
 
+from housekeeper.fleet import FleetWatch
 from housekeeper.retention import Retention
 from inferq.broker.celery_app import JobPublisher
 from inferq.constants import (
@@ -67,6 +71,8 @@ class MaintenanceReport:
     redis_lost: bool
     republished: int
     skipped: bool = False
+    # Each served model's stalled jobs (housekeeper/fleet.py).
+    stalled: dict[str, int] = field(default_factory=dict)
 
 
 class Maintenance:
@@ -86,6 +92,7 @@ class Maintenance:
         estimates: BatchEstimates,
         webhooks_due: Callable[[], bool],
         retention: Retention,
+        fleet: FleetWatch,
         served_models: Callable[[], Iterable[str]] = tuple,
         lock_s: float = LOCK_S,
         clock: Callable[[], datetime] = utcnow,
@@ -105,6 +112,7 @@ class Maintenance:
         self._estimates = estimates
         self._webhooks_due = webhooks_due
         self._retention = retention
+        self._fleet = fleet
         self._served_models = served_models
         self._retention_key = key_prefix + RETENTION_PASSES_KEY
 
@@ -156,7 +164,8 @@ class Maintenance:
             due += batch
             if len(batch) < BATCH_LIMIT:
                 break
-        queues = [queue for model in self._served_models() for queue in gpu_queues(model)]
+        models = list(self._served_models())
+        queues = [queue for model in models for queue in gpu_queues(model)]
         for queue in queues:
             horizon = self._delivered_before(queue)
             if horizon is not None:
@@ -167,6 +176,8 @@ class Maintenance:
                     limit=BATCH_LIMIT,
                 )
         self._publish(due)
+        # After publishing: a job just published again has not waited since.
+        stalled = self._fleet.check(models)
         self._tend_batches()
         if self._webhooks_due():
             # Retries come due here, on Postgres' clock: no long Celery countdowns.
@@ -174,7 +185,7 @@ class Maintenance:
         if due and not redis_lost:
             log.warning("published %d jobs again (lapsed leases or lost messages)", len(due))
         self._keep_retention()
-        return MaintenanceReport(redis_lost=redis_lost, republished=len(due))
+        return MaintenanceReport(redis_lost=redis_lost, republished=len(due), stalled=stalled)
 
     def _keep_retention(self) -> None:
         report = self._retention.run_once()

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from inferq.broker.celery_app import JobPublisher, make_celery
 from inferq.broker.events import JobEvents
 from inferq.broker.queues import QueueMonitor
+from inferq.broker.stalled_jobs import StalledJobs
 from inferq.broker.worker_registry import WorkerRegistry
 from inferq.exceptions import StoreUnavailable
 from inferq.operations.batch_estimates import BatchEstimates
@@ -92,6 +93,10 @@ class App:
     @cached_property
     def workers(self) -> WorkerRegistry:
         return WorkerRegistry(self.redis, key_prefix=self.settings.redis_key_prefix)
+
+    @cached_property
+    def stalled_jobs(self) -> StalledJobs:
+        return StalledJobs(self.redis, key_prefix=self.settings.redis_key_prefix)
 
     # The stores. Those that end jobs or batches nudge the webhook sender when they do.
 

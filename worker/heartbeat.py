@@ -1,5 +1,9 @@
 """A thread that keeps this worker's heartbeat (its status) fresh in Redis, and what it
-measured of its engine (worker/speedometer.py) in Postgres for batch estimates."""
+measured of its engine (worker/speedometer.py) in Postgres for batch estimates.
+
+The status says whether the worker has room and whether it is stuck, so that `/v1/status`,
+`inferq doctor` and maintenance (which counts jobs that wait while workers have room) see
+what its probes see."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from inferq.broker.worker_registry import HEARTBEAT_EVERY_S, WorkerRegistry, Wor
 from inferq.exceptions import StoreUnavailable
 from inferq.host import supervision
 from inferq.store.engine_speeds import SpeedStore
+from worker.probes import State
 from worker.runtime import EngineRuntime
 
 log = logging.getLogger(__name__)
@@ -30,8 +35,13 @@ class Heartbeat:
         adapters: list[str],
         gpus: list[str],
         speeds: SpeedStore,
+        state: State,
+        slots: int,
     ) -> None:
+        """`slots`: the worker's Celery threads, each of which holds one message."""
         self._registry = registry
+        self._state = state
+        self._slots = slots
         self._speeds = speeds
         self._runtime = runtime
         self._model = model
@@ -58,6 +68,7 @@ class Heartbeat:
 
     def _beat(self) -> None:
         minute = self._runtime.last_minute.total()
+        _, room = self._runtime.progress(slots=self._slots)
         status = WorkerStatus(
             name=self._runtime.worker_name,
             model=self._model,
@@ -71,6 +82,9 @@ class Heartbeat:
             jobs_last_minute=minute.jobs,
             prompt_tokens_last_minute=minute.prompt_tokens,
             generated_tokens_last_minute=minute.generated_tokens,
+            # Until it consumes, a free thread takes nothing from the queues.
+            room=self._state.ready and room,
+            stuck=self._state.stuck,
         )
         try:
             self._registry.beat(status)

@@ -163,6 +163,8 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
         adapters=sorted(settings.lora_adapters),
         gpus=gpu_names(),
         speeds=app.speeds,
+        state=state,
+        slots=settings.effective_worker_concurrency,
     )
     heartbeat.start()
     # The API accepts these names from now on; their jobs wait in the queues until taken.

@@ -24,6 +24,14 @@ class WorkerPublic(BaseModel):
     engine_restarts: int
     jobs_per_s: float = Field(description="Jobs finished per second over the last minute.")
     tokens_per_s: float = Field(description="Tokens generated per second over the last minute.")
+    room: bool = Field(
+        description="It could take another message now (a free thread and room in its engine)."
+    )
+    stuck: str | None = Field(
+        description="Why it is stuck (room, work waiting in its queues, and none taken for "
+        "`INFERQ_STALL_S`), while it is: it consumes again, then exits to be restarted; "
+        "null while it is not."
+    )
 
 
 class ModelStatus(BaseModel):
@@ -71,8 +79,8 @@ def status(
     usage: UsageOpsDep,
     principal: PrincipalDep,
 ) -> Status:
-    """Queue depths, the GPU workers online, throughput over the last minute, and the
-    caller's key against its quota."""
+    """Queue depths, the GPU workers online (and which are stuck, and why), throughput over
+    the last minute, and the caller's key against its quota."""
     workers = registry.online()
     standing = usage.standing(principal)
     models = catalog.models()
@@ -100,6 +108,8 @@ def status(
                 engine_restarts=w.engine_restarts,
                 jobs_per_s=w.jobs_last_minute / 60,
                 tokens_per_s=w.generated_tokens_last_minute / 60,
+                room=w.room,
+                stuck=w.stuck,
             )
             for w in workers
         ],

@@ -33,6 +33,9 @@ class WorkerStatus:
     jobs_last_minute: int
     prompt_tokens_last_minute: int
     generated_tokens_last_minute: int
+    # Defaults, so a heartbeat from a worker of an earlier release still reads.
+    room: bool = False  # it could take another message now (inferq/host/stall.py)
+    stuck: str | None = None  # why its stall watch holds it stuck, while it does
 
 
 class WorkerRegistry:

@@ -86,6 +86,21 @@ class JobPublishing(Store):
             )
         return as_utc(value)
 
+    def count_waiting(self, *, queues: Sequence[str], published_before: datetime) -> int:
+        """Queued jobs of these queues last published before `published_before` and held
+        by no live worker since (one that holds a job waiting for room touches it)."""
+        statement = (
+            select(func.count())
+            .select_from(JobRow)
+            .where(
+                JobRow.status == JobStatus.QUEUED.value,
+                JobRow.queue.in_(queues),
+                JobRow.published_at < published_before,
+            )
+        )
+        with self._transaction() as session:
+            return session.scalar(statement) or 0
+
     def take_stranded(
         self, *, queue: str, published_before: datetime, requeue_after_s: int, limit: int
     ) -> list[DueJob]:

@@ -114,6 +114,16 @@ class JobRow(Base):
             postgresql_where=text("status IN ('queued', 'running')"),
             sqlite_where=text("status IN ('queued', 'running')"),
         ),
+        # Queued jobs by queue and when they were last published: those maintenance finds
+        # stranded (their message delivered, the job never claimed) or stalled (waiting
+        # while workers have room), without reading the jobs that ran.
+        Index(
+            "ix_jobs_queued_published",
+            "queue",
+            "published_at",
+            postgresql_where=text("status = 'queued'"),
+            sqlite_where=text("status = 'queued'"),
+        ),
         # What retention scans: single jobs that have ended, oldest first.
         Index(
             "ix_jobs_single_finished",

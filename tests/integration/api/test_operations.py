@@ -117,6 +117,7 @@ def test_status_shows_the_running_worker_and_its_throughput(stack: Stack) -> Non
     assert worker["model"] == "tiny"
     assert worker["gpus"] == []
     assert worker["jobs_per_s"] > 0
+    assert worker["stuck"] is None
     assert status["tokens_per_s"] > 0
     assert set(status["queues"]) == {"interactive:tiny", "bulk:tiny"}
     assert status["models"] == [

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 from tests.conftest import Stack, new_key_prefix, service_env
+from tests.helpers.heartbeats import beat
 from tests.helpers.processes import INFERQ, free_port
 
 
@@ -85,3 +86,25 @@ def test_doctor_on_a_running_deployment_sees_its_workers_and_services(stack: Sta
     assert lines["models"] == "ok tiny (1 worker)"
     assert lines[f"port {api_port}"] == "ok already serving the API"
     assert lines[f"port {metrics_port}"] == "ok already serving the worker's metrics"
+
+
+def test_doctor_names_a_stuck_worker_and_says_why_and_what_to_do(
+    database_url: str, tiny_model: Path, key_prefix: str
+) -> None:
+    why = "20 waiting, room to take them, and nothing taken for 121 s"
+    beat(key_prefix, name="gpu-a@host", model="tiny", room=True, stuck=why)
+    beat(key_prefix, name="gpu-b@host", model="tiny", room=False)
+    env = service_env(model=tiny_model, database_url=database_url, key_prefix=key_prefix)
+    env.update(
+        INFERQ_API_PORT=str(free_port()),
+        INFERQ_FLOWER_PORT=str(free_port()),
+        INFERQ_WORKER_METRICS_PORT="0",
+    )
+    status, lines = _doctor(env)
+    assert status == 1
+    assert lines["workers"] == (
+        f"FAIL 1 of 2 online stuck: gpu-a@host (tiny) is stuck: {why}. A stuck worker "
+        "consumes its queues again, then exits (code 72) if still stuck INFERQ_STALL_S later: "
+        "see that its supervisor starts it again, and if it comes back stuck, read its log "
+        "and check its connection to Redis"
+    )

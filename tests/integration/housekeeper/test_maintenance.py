@@ -1,8 +1,10 @@
-"""Maintenance on real Redis and Postgres, without workers: what it publishes again, and
-what it leaves alone."""
+"""Maintenance on real Redis and Postgres, without workers (heartbeats stand in for them
+where one is needed): what it publishes again, what it leaves alone, and the jobs it
+finds stalled."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -12,6 +14,7 @@ from typing import Any
 import pytest
 from redis import Redis
 
+from housekeeper.fleet import FleetWatch
 from housekeeper.maintenance import Maintenance, _job_ids
 from housekeeper.retention import Retention, RetentionReport
 from inferq.app import App
@@ -23,11 +26,13 @@ from inferq.settings import Settings
 from inferq.store.engine import make_engine, make_sessions
 from inferq.store.jobs import JobStore
 from tests.conftest import REDIS_URL
+from tests.helpers.heartbeats import beat
 from tests.helpers.jobs import create_jobs
 from tests.helpers.processes import free_port
 
 INTERACTIVE_QUEUE = interactive_queue("m")
 BULK_QUEUE = bulk_queue("m")
+STALL_S = 120
 
 
 class Clock:
@@ -67,6 +72,14 @@ class Harness:
             estimates=self.app.batch_estimates,
             webhooks_due=self.app.webhooks.due,
             retention=retention,
+            fleet=FleetWatch(
+                store=self.store,
+                workers=self.app.workers,
+                stalled=self.app.stalled_jobs,
+                stall_s=STALL_S,
+                record_ttl_s=45,
+                clock=self.clock,
+            ),
             served_models=lambda: ["m"],
             clock=self.clock,
             **options,
@@ -212,3 +225,66 @@ def test_a_job_stored_while_redis_was_down_is_published_at_the_next_pass(
     harness.store.mark_unpublished([job])
     assert harness.maintenance.run_once().republished == 1
     assert harness.queued_messages() == [[job]]
+
+
+def test_jobs_queued_past_the_bound_while_a_worker_has_room_are_stalled(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Their messages wait in Redis (so none is stranded) and no worker takes them.
+    old = harness.create(2)
+    harness.publisher.publish_interactive(old, queue=INTERACTIVE_QUEUE)
+    old_line = harness.create(1, queue=BULK_QUEUE)
+    harness.publisher.publish_bulk(old_line, queue=BULK_QUEUE)
+    running = harness.create(1)  # taken: it waits for nothing
+    harness.store.claim_jobs(running, worker="gpu-idle@test", lease_s=3600)
+    harness.clock.now += timedelta(seconds=STALL_S + 1)
+    young = harness.create(1)
+    harness.publisher.publish_interactive(young, queue=INTERACTIVE_QUEUE)
+    beat(harness.prefix, name="gpu-idle@test", model="m", room=True)
+    beat(harness.prefix, name="gpu-full@test", model="m", room=False)
+    beat(harness.prefix, name="gpu-other@test", model="other", room=True)
+
+    with caplog.at_level(logging.WARNING, logger="housekeeper.fleet"):
+        report = harness.maintenance.run_once()
+
+    assert report.stalled == {"m": 3}
+    assert report.republished == 0
+    [line] = [r.getMessage() for r in caplog.records if r.name == "housekeeper.fleet"]
+    assert line == (
+        "3 jobs of m have waited over 120 s while its workers gpu-idle@test have room: "
+        "their messages may be lost, or the workers not consuming"
+    )
+    # What the API's /metrics reads, until a few passes have gone by without maintenance.
+    assert harness.app.stalled_jobs.counts() == {"m": 3}
+    assert 0 < harness.redis.ttl(harness.prefix + "jobs:stalled") <= 45
+
+
+def test_jobs_waiting_for_room_are_not_stalled(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    old = harness.create(2)
+    harness.publisher.publish_interactive(old, queue=INTERACTIVE_QUEUE)
+    harness.clock.now += timedelta(seconds=STALL_S + 1)
+    beat(harness.prefix, name="gpu-full@test", model="m", room=False)
+    # Room on a worker of another model takes none of them.
+    beat(harness.prefix, name="gpu-other@test", model="other", room=True)
+
+    with caplog.at_level(logging.WARNING, logger="housekeeper.fleet"):
+        assert harness.maintenance.run_once().stalled == {"m": 0}
+    assert [r for r in caplog.records if r.name == "housekeeper.fleet"] == []
+    assert harness.app.stalled_jobs.counts() == {"m": 0}
+
+
+def test_jobs_queued_for_less_than_the_bound_are_not_stalled(harness: Harness) -> None:
+    jobs = harness.create(2)
+    harness.publisher.publish_interactive(jobs, queue=INTERACTIVE_QUEUE)
+    beat(harness.prefix, name="gpu-idle@test", model="m", room=True)
+    harness.clock.now += timedelta(seconds=STALL_S - 1)
+    assert harness.maintenance.run_once().stalled == {"m": 0}
+    # A worker that took their message holds them until its engine has room, and says so.
+    harness.store.touch_published(jobs)
+    harness.clock.now += timedelta(seconds=2)
+    assert harness.maintenance.run_once().stalled == {"m": 0}
+    # Held by nobody for the bound: stalled.
+    harness.clock.now += timedelta(seconds=STALL_S)
+    assert harness.maintenance.run_once().stalled == {"m": 2}

@@ -1,0 +1,157 @@
+"""What a GPU worker's heartbeat says of it: whether it has room for another message and
+whether it is stuck, read from its runtime and its probes' state."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from inferq.broker.worker_registry import WorkerRegistry, WorkerStatus
+from inferq.store.engine_speeds import SpeedStore
+from tests.helpers.fakes import HeldEngine, MemoryJobStore, StepEngine
+from tests.helpers.waiting import wait_until
+from worker.heartbeat import Heartbeat
+from worker.metrics import WorkerMetrics
+from worker.probes import State
+from worker.runtime import EngineRuntime
+
+WAIT_S = 10
+STUCK = "3 waiting, room to take them, and nothing taken for 121 s"
+
+
+class Beats(WorkerRegistry):
+    """The registry's calls, kept rather than sent to Redis."""
+
+    def __init__(self) -> None:
+        self.statuses: list[WorkerStatus] = []
+
+    def beat(self, status: WorkerStatus) -> None:
+        self.statuses.append(status)
+
+    def leave(self, name: str) -> None:
+        pass
+
+
+class NoSpeeds(SpeedStore):
+    def __init__(self) -> None:
+        pass
+
+    def report(self, **_: object) -> None:
+        pass
+
+
+class Watch:
+    stuck: str | None = None
+
+
+class Announced:
+    def finished(self, job_ids: object, *, batch_ids: object = ()) -> None:
+        pass
+
+
+@pytest.fixture
+def store() -> MemoryJobStore:
+    return MemoryJobStore()
+
+
+@pytest.fixture
+def engine() -> HeldEngine:
+    return HeldEngine()
+
+
+@pytest.fixture
+def runtime(store: MemoryJobStore, engine: HeldEngine) -> Iterator[EngineRuntime]:
+    fatal: list[BaseException] = []
+    made = EngineRuntime(
+        store=store,
+        engine=engine,
+        engine_factory=StepEngine,
+        events=Announced(),
+        worker_name="gpu-1@test",
+        max_num_seqs=8,
+        interactive_seqs=0,
+        max_batch_size=8,
+        max_batch_delay_ms=0,
+        max_held_jobs=16,
+        interactive_held_jobs=0,
+        result_flush_ms=1,
+        lease_s=3600,
+        requeue_after_s=0,
+        max_engine_deaths=3,
+        on_fatal=fatal.append,
+        metrics=WorkerMetrics(CollectorRegistry()),
+    )
+    made.start()
+    yield made
+    engine.go.set()
+    made.stop()
+    assert fatal == []
+
+
+def beat(runtime: EngineRuntime, state: State, *, slots: int) -> WorkerStatus:
+    """The status one heartbeat sends."""
+    registry = Beats()
+    heartbeat = Heartbeat(
+        registry,
+        runtime=runtime,
+        model="m",
+        runner="generate",
+        adapters=[],
+        gpus=[],
+        speeds=NoSpeeds(),
+        state=state,
+        slots=slots,
+    )
+    heartbeat.start()  # the first beat is sent before start returns
+    heartbeat.stop()
+    return registry.statuses[0]
+
+
+def test_the_heartbeat_says_whether_the_worker_has_room_and_why_it_is_stuck(
+    runtime: EngineRuntime, store: MemoryJobStore, engine: HeldEngine
+) -> None:
+    state = State()
+    # Loading: a free thread takes nothing until the worker consumes.
+    assert beat(runtime, state, slots=1).room is False
+    state.ready = True
+    status = beat(runtime, state, slots=1)
+    assert (status.room, status.stuck) == (True, None)
+
+    watch = Watch()
+    state.watch = watch  # type: ignore[assignment]
+    watch.stuck = STUCK
+    status = beat(runtime, state, slots=1)
+    assert (status.room, status.stuck) == (True, STUCK)
+
+    # Its one Celery thread holds a message whose job runs: no room, however idle the gate.
+    watch.stuck = None
+    store.add("a")
+    task = threading.Thread(target=runtime.run, args=(["a"],), kwargs={"interactive": True})
+    task.start()
+    try:
+        wait_until(lambda: engine.admitted == ["a"], timeout_s=WAIT_S, what="in the engine")
+        assert beat(runtime, state, slots=1).room is False
+        assert beat(runtime, state, slots=2).room is True
+    finally:
+        engine.go.set()
+        task.join(WAIT_S)
+    assert beat(runtime, state, slots=1).room is True
+
+
+def test_a_heartbeat_from_an_earlier_release_still_reads() -> None:
+    earlier = {
+        "name": "gpu-1@test",
+        "model": "m",
+        "started_at": "2026-11-26T00:00:00+00:00",
+        "jobs_held": 0,
+        "sequences_in_flight": 0,
+        "engine_restarts": 0,
+        "jobs_last_minute": 0,
+        "prompt_tokens_last_minute": 0,
+        "generated_tokens_last_minute": 0,
+    }
+    status = WorkerStatus(**earlier)
+    assert (status.room, status.stuck) == (False, None)

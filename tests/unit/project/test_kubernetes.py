@@ -1,6 +1,6 @@
 """deploy/k8s cannot run here (no cluster): every manifest is validated against the
 Kubernetes schemas, and checked against the code and compose.yaml (the same commands,
-settings, probes and queue names)."""
+settings, probes, queue names and served models)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import yaml
 
 from cli.main import app
 from inferq.domain.queue_names import gpu_queues
+from inferq.domain.served_models import announced_by, served_by
 from inferq.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -201,3 +202,18 @@ def test_keda_signs_in_with_the_password_the_containers_use(manifests: list[Mani
         "kind": "Secret",
         "fieldSpecs": [{"kind": "TriggerAuthentication", "path": "spec/secretTargetRef/name"}],
     } in renamed
+
+
+def test_every_served_model_is_announced_by_the_migrate_job_as_its_workers_announce_it(
+    manifests: list[Manifest],
+) -> None:
+    config = _of_kind(manifests, "ConfigMap")["inferq-config"]["data"]
+    # The Job runs plain `inferq migrate`, which announces what INFERQ_ANNOUNCE_MODELS lists.
+    migrate = _containers(manifests)["inferq-migrate"]
+    assert migrate["command"] == ["inferq", "migrate"]
+    assert "INFERQ_ANNOUNCE_MODELS" not in {v["name"] for v in migrate.get("env", [])}
+    announced = {model.name: model for model in announced_by(_settings(config))}
+    by_workers = {
+        model.name: model for worker in _workers(manifests).values() for model in served_by(worker)
+    }
+    assert announced == by_workers

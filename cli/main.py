@@ -18,6 +18,8 @@ from inferq.settings import Settings
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
+    from inferq.domain.served_models import ServedModel
+
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_show_locals=False
 )
@@ -115,22 +117,39 @@ def migrate(
         ),
     ] = False,
 ) -> None:
-    """Create or upgrade the database schema (alembic upgrade head)."""
+    """Create or upgrade the database schema (alembic upgrade head), then make the models of
+    INFERQ_ANNOUNCE_MODELS known."""
+    from inferq.domain.served_models import announced_by, served_by
     from inferq.store.migrate import upgrade
 
     settings = configured()
     upgrade(settings.database_url, revision)
     typer.echo(f"database schema is at {revision}")
-    if announce_model:
-        from inferq.domain.served_models import served_by
-        from inferq.store.engine import make_engine, make_sessions
-        from inferq.store.served_models import ModelStore
+    models = announced_by(settings) + (served_by(settings) if announce_model else [])
+    if models:
+        _announce(settings, models)
 
-        engine = make_engine(settings.database_url, pool_size=1)
-        announced = ModelStore(make_sessions(engine)).announce(served_by(settings))
+
+def _announce(settings: Settings, models: list[ServedModel]) -> None:
+    from inferq.store.engine import make_engine, make_sessions
+    from inferq.store.served_models import ModelStore
+
+    # A name listed twice (in INFERQ_ANNOUNCE_MODELS and as INFERQ_MODEL's) is announced
+    # once, as the setting says.
+    unique: dict[str, ServedModel] = {}
+    for model in models:
+        unique.setdefault(model.name, model)
+    engine = make_engine(settings.database_url, pool_size=1)
+    try:
+        announced = ModelStore(make_sessions(engine)).announce(list(unique.values()))
+    finally:
         engine.dispose()
-        names = ", ".join(announced) or f"none new ({settings.model_name} is known already)"
-        typer.echo(f"announced: {names}")
+    if announced:
+        typer.echo(f"announced: {', '.join(announced)}")
+        return
+    names = list(unique)
+    known = f"{names[0]} is" if len(names) == 1 else f"{', '.join(names)} are"
+    typer.echo(f"announced: none new ({known} known already)")
 
 
 @health_app.command("worker")

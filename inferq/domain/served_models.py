@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from inferq.settings import EngineSettings
+from inferq.settings import EngineSettings, Settings
 
 Runner = Literal["generate", "pooling"]
 
@@ -64,3 +64,13 @@ def served_by(
         for name, path in sorted(settings.lora_adapters.items())
     ]
     return [base, *adapters]
+
+
+def announced_by(settings: Settings) -> list[ServedModel]:
+    """The names INFERQ_ANNOUNCE_MODELS lists, as each model's workers announce them as
+    they start (`served_by`), so a deployment knows them before any worker is up."""
+    return [
+        model
+        for model_settings in settings.announced_model_settings()
+        for model in served_by(model_settings)
+    ]

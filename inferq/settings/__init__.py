@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from inferq.settings.api import ApiSettings, BatchFileSettings
@@ -18,11 +18,13 @@ from inferq.settings.connection import ConnectionSettings, redact_url
 from inferq.settings.engine import DEFAULT_MODEL, LORA_RANKS, EngineSettings
 from inferq.settings.housekeeping import MaintenanceSettings, WebhookSettings
 from inferq.settings.observability import FlowerSettings, HealthSettings, LogSettings
+from inferq.settings.served_models import AnnouncedModel, ServedModelSettings
 from inferq.settings.worker import WorkerSettings
 
 __all__ = [
     "DEFAULT_MODEL",
     "LORA_RANKS",
+    "AnnouncedModel",
     "ApiSettings",
     "BatchFileSettings",
     "ConnectionSettings",
@@ -30,6 +32,7 @@ __all__ = [
     "FlowerSettings",
     "LogSettings",
     "MaintenanceSettings",
+    "ServedModelSettings",
     "Settings",
     "WebhookSettings",
     "WorkerSettings",
@@ -50,6 +53,7 @@ class Settings(
     MaintenanceSettings,
     BatchFileSettings,
     WorkerSettings,
+    ServedModelSettings,
     EngineSettings,
     ConnectionSettings,
     BaseSettings,
@@ -88,6 +92,31 @@ class Settings(
                 "(2 maintenance intervals, INFERQ_MAINTENANCE_INTERVAL_S)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _announced_models_servable(self) -> Settings:
+        # Checked in every process, so a mistake is said at start, not when migrate runs.
+        self.announced_model_settings()
+        return self
+
+    def announced_model_settings(self) -> list[EngineSettings]:
+        """The engine settings of each model in INFERQ_ANNOUNCE_MODELS, as its workers
+        would have them: the shared settings, and what the model's entry sets on top."""
+        if not self.announce_models:
+            return []
+        shared = self.model_dump(include=set(EngineSettings.model_fields))
+        found = []
+        for name, entry in self.announce_models.items():
+            own = entry.model_dump(exclude_unset=True)
+            try:
+                found.append(
+                    EngineSettings.model_validate({**shared, **own, "served_model_name": name})
+                )
+            except ValidationError as exc:
+                raise ValueError(
+                    f"INFERQ_ANNOUNCE_MODELS: model {name!r}: {_reasons(exc)}"
+                ) from exc
+        return found
 
     @model_validator(mode="after")
     def _safe_outside_development(self) -> Settings:
@@ -144,6 +173,16 @@ def _weak(secret: str, *, at_least: int) -> str | None:
     if len(set(lowered)) <= 2:
         return "repeats one or two characters, as placeholders do"
     return None
+
+
+def _reasons(exc: ValidationError) -> str:
+    """What a nested model's validation refused, in one line."""
+    reasons = []
+    for error in exc.errors():
+        where = ".".join(map(str, error["loc"]))
+        message = error["msg"].removeprefix("Value error, ")
+        reasons.append(f"{where}: {message}" if where else message)
+    return "; ".join(reasons)
 
 
 def settings_table() -> str:

@@ -107,6 +107,14 @@ class JobRow(Base):
             postgresql_where=text("status IN ('queued', 'running')"),
             sqlite_where=text("status IN ('queued', 'running')"),
         ),
+        # What a model's autoscaler counts (deploy/k8s/scaledobject-*.yaml): the jobs not yet
+        # ended on its queues, whoever holds them, without reading the others.
+        Index(
+            "ix_jobs_queue_active",
+            "queue",
+            postgresql_where=text("status IN ('queued', 'running')"),
+            sqlite_where=text("status IN ('queued', 'running')"),
+        ),
         # What maintenance scans: the few jobs not yet finished, by lease.
         Index(
             "ix_jobs_active_lease",

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 
-from inferq.settings import Settings
+from inferq.domain.served_models import ServedModel, announced_by, served_by
+from inferq.settings import AnnouncedModel, Settings
 
 STRONG = "3f5b2c0e9a7d4e1f8b6c2a9d0e7f4b1c"
 
@@ -133,6 +136,7 @@ def test_every_group_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatc
         "INFERQ_REDIS_KEY_PREFIX": "t:",
         "INFERQ_ENGINE_EXTRA_ARGS": '{"swap_space": 4}',
         "INFERQ_LORA_ADAPTERS": "a=/x",
+        "INFERQ_ANNOUNCE_MODELS": "m=/m",
         "INFERQ_LEASE_S": "30",
         "INFERQ_MAX_BATCH_LINES": "7",
         "INFERQ_JOB_RETENTION_S": "0",
@@ -148,6 +152,7 @@ def test_every_group_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatc
     assert settings.redis_key_prefix == "t:"
     assert settings.engine_extra_args == {"swap_space": 4}
     assert settings.lora_adapters == {"a": "/x"}
+    assert settings.announce_models == {"m": AnnouncedModel(model="/m")}
     assert settings.lease_s == 30
     assert settings.max_batch_lines == 7
     assert settings.job_retention_s == 0
@@ -156,3 +161,78 @@ def test_every_group_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatc
     assert settings.max_n == 2
     assert settings.flower_port == 5556
     assert settings.log_json
+
+
+def test_announced_models_are_name_model_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERQ_ANNOUNCE_MODELS", "llama=org/llama, bge = /models/bge")
+    assert [(m.name, m.base, m.tokenizer, m.runner) for m in announced_by(Settings())] == [
+        ("llama", "llama", "org/llama", "generate"),
+        ("bge", "bge", "/models/bge", "generate"),
+    ]
+
+
+def test_an_announced_model_is_named_as_its_workers_name_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # What every process shares, and what each model's workers set on top.
+    monkeypatch.setenv("INFERQ_MAX_MODEL_LEN", "2048")
+    monkeypatch.setenv("INFERQ_TOOL_CALL_PARSER", "hermes")
+    monkeypatch.setenv(
+        "INFERQ_ANNOUNCE_MODELS",
+        """{"llama": {"model": "org/llama", "max_model_len": 8192,
+                      "lora_adapters": {"sql": "org/sql-lora"}},
+            "bge": {"model": "org/bge", "tokenizer": "org/bge-tok", "runner": "pooling"}}""",
+    )
+    llama = ServedModel(
+        name="llama",
+        base="llama",
+        runner="generate",
+        tokenizer="org/llama",
+        max_model_len=8192,
+        tool_call_parser="hermes",
+    )
+    assert announced_by(Settings()) == [
+        llama,
+        ServedModel(
+            name="sql",
+            base="llama",
+            runner="generate",
+            tokenizer="org/llama",
+            max_model_len=8192,
+            tool_call_parser="hermes",
+            adapter="org/sql-lora",
+        ),
+        ServedModel(
+            name="bge", base="bge", runner="pooling", tokenizer="org/bge-tok", max_model_len=2048
+        ),
+    ]
+    # The same as a worker of llama announces as it starts.
+    worker = Settings(model="org/llama", served_model_name="llama", max_model_len=8192)
+    assert served_by(worker)[0] == llama
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("llama", "'llama' is not name=model"),
+        ('{"llama": {"max_model_len": 8192}}', "Field required"),
+        ('{"llama": {"model": "x", "max_len": 8192}}', "Extra inputs are not permitted"),
+        (
+            '{"llama": {"model": "x", "lora_adapters": {"llama": "y"}}}',
+            "INFERQ_ANNOUNCE_MODELS: model 'llama': INFERQ_LORA_ADAPTERS: adapter name 'llama' "
+            "must differ from the model's served name",
+        ),
+        (
+            '{"llama": {"model": "x", "max_model_len": 8}}',
+            "INFERQ_ANNOUNCE_MODELS: model 'llama': max_model_len: Input should be greater than "
+            "or equal to 16",
+        ),
+        ('{"a,b": {"model": "x"}}', "a served model name must not be empty or hold a comma"),
+    ],
+)
+def test_an_announced_model_no_worker_could_serve_is_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch, value: str, message: str
+) -> None:
+    monkeypatch.setenv("INFERQ_ANNOUNCE_MODELS", value)
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        Settings()

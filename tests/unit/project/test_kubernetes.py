@@ -1,11 +1,12 @@
 """deploy/k8s cannot run here (no cluster): every manifest is validated against the
 Kubernetes schemas, and checked against the code and compose.yaml (the same commands,
-settings, probes and queue names)."""
+settings, probes, queue names and served models)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import kubernetes_validate
 import pytest
@@ -14,6 +15,7 @@ import yaml
 
 from cli.main import app
 from inferq.domain.queue_names import gpu_queues
+from inferq.domain.served_models import announced_by, served_by
 from inferq.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -51,7 +53,8 @@ def _containers(manifests: list[Manifest]) -> dict[str, Manifest]:
 
 
 def test_every_file_is_in_the_kustomization_and_every_resource_exists() -> None:
-    listed = set(_kustomization()["resources"])
+    kustomization = _kustomization()
+    listed = set(kustomization["resources"]) | set(kustomization["configurations"])
     on_disk = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
     assert listed == on_disk
 
@@ -132,24 +135,85 @@ def test_a_worker_per_gpu_that_drains_before_it_is_killed(manifests: list[Manife
     assert (beat["replicas"], beat["strategy"]["type"]) == (1, "Recreate")  # exactly one
 
 
-def test_each_model_s_workers_scale_on_that_model_s_queues(manifests: list[Manifest]) -> None:
-    deployments = _of_kind(manifests, "Deployment")
+def _settings(variables: dict[str, str]) -> Settings:
+    """The settings a process with these INFERQ_* variables reads."""
+    return Settings(
+        **{k.removeprefix("INFERQ_").lower(): v for k, v in variables.items() if k[:7] == "INFERQ_"}
+    )
+
+
+def _workers(manifests: list[Manifest]) -> dict[str, Settings]:
+    """Each worker Deployment's settings: the ConfigMap's, and its own on top."""
+    config = _of_kind(manifests, "ConfigMap")["inferq-config"]["data"]
+    found = {}
+    for name, container in _containers(manifests).items():
+        if name.startswith("inferq-worker-"):
+            own = {v["name"]: v["value"] for v in container["env"] if "value" in v}
+            found[name] = _settings({**config, **own})
+    return found
+
+
+def test_each_model_s_workers_scale_on_that_model_s_jobs_in_postgres(
+    manifests: list[Manifest],
+) -> None:
     scaled = _of_kind(manifests, "ScaledObject")
-    workers = {name for name in deployments if name.startswith("inferq-worker-")}
-    assert {s["spec"]["scaleTargetRef"]["name"] for s in scaled.values()} == workers
-    prefix = Settings.model_fields["redis_key_prefix"].default
+    workers = _workers(manifests)
+    assert {s["spec"]["scaleTargetRef"]["name"] for s in scaled.values()} == set(workers)
+    config = _of_kind(manifests, "ConfigMap")["inferq-config"]["data"]
+    database = urlsplit(config["INFERQ_DATABASE_URL"])
+    auths = _of_kind(manifests, "TriggerAuthentication")
     for scaled_object in scaled.values():
-        target = deployments[scaled_object["spec"]["scaleTargetRef"]["name"]]
-        [container] = target["spec"]["template"]["spec"]["containers"]
-        env = {v["name"]: v.get("value") for v in container["env"]}
-        model = env["INFERQ_SERVED_MODEL_NAME"]
-        triggers = scaled_object["spec"]["triggers"]
-        assert {t["type"] for t in triggers} == {"redis"}
-        assert sorted(t["metadata"]["listName"] for t in triggers) == sorted(
-            prefix + queue for queue in gpu_queues(model)
+        settings = workers[scaled_object["spec"]["scaleTargetRef"]["name"]]
+        [trigger] = scaled_object["spec"]["triggers"]
+        assert trigger["type"] == "postgresql"
+        metadata = trigger["metadata"]
+        # The model's own queues, which its adapters' jobs use too (the query itself runs
+        # against a real Postgres in tests/integration/inferq/test_scaling_query.py).
+        query = " ".join(metadata["query"].split())
+        queues = ", ".join(f"'{queue}'" for queue in gpu_queues(settings.model_name))
+        active = "SELECT count(*) FROM jobs WHERE status IN ('queued', 'running')"
+        assert query == f"{active} AND queue IN ({queues})"
+        # A worker per engine's worth of jobs.
+        assert int(metadata["targetQueryValue"]) == settings.max_num_seqs
+        # The database the inferq containers use, from KEDA's namespace.
+        namespace = _kustomization()["namespace"]
+        assert metadata["host"] == f"{database.hostname}.{namespace}.svc.cluster.local"
+        assert (metadata["port"], metadata["userName"], metadata["dbName"]) == (
+            str(database.port),
+            database.username,
+            database.path.removeprefix("/"),
         )
-        config = _of_kind(manifests, "ConfigMap")["inferq-config"]["data"]
-        for trigger in triggers:
-            # KEDA reads the address from the scale target's environment.
-            assert trigger["metadata"]["addressFromEnv"] in config
-            assert int(trigger["metadata"]["listLength"]) > 0
+        assert trigger["authenticationRef"]["name"] in auths
+
+
+def test_keda_signs_in_with_the_password_the_containers_use(manifests: list[Manifest]) -> None:
+    [auth] = _of_kind(manifests, "TriggerAuthentication").values()
+    [password] = auth["spec"]["secretTargetRef"]
+    api = _containers(manifests)["inferq-api"]
+    [reference] = [v for v in api["env"] if v["name"] == "INFERQ_DATABASE_PASSWORD"]
+    secret = reference["valueFrom"]["secretKeyRef"]
+    assert password == {"parameter": "password", "name": secret["name"], "key": secret["key"]}
+    # kustomize renames the generated secret, and what names it where it is told to look.
+    [generated] = _kustomization()["secretGenerator"]
+    assert generated["name"] == secret["name"]
+    [configuration] = _kustomization()["configurations"]
+    renamed = yaml.safe_load((K8S / configuration).read_text())["nameReference"]
+    assert {
+        "kind": "Secret",
+        "fieldSpecs": [{"kind": "TriggerAuthentication", "path": "spec/secretTargetRef/name"}],
+    } in renamed
+
+
+def test_every_served_model_is_announced_by_the_migrate_job_as_its_workers_announce_it(
+    manifests: list[Manifest],
+) -> None:
+    config = _of_kind(manifests, "ConfigMap")["inferq-config"]["data"]
+    # The Job runs plain `inferq migrate`, which announces what INFERQ_ANNOUNCE_MODELS lists.
+    migrate = _containers(manifests)["inferq-migrate"]
+    assert migrate["command"] == ["inferq", "migrate"]
+    assert "INFERQ_ANNOUNCE_MODELS" not in {v["name"] for v in migrate.get("env", [])}
+    announced = {model.name: model for model in announced_by(_settings(config))}
+    by_workers = {
+        model.name: model for worker in _workers(manifests).values() for model in served_by(worker)
+    }
+    assert announced == by_workers

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, cast
 
 from redis import Redis
@@ -56,4 +56,11 @@ class WorkerRegistry:
             values = cast(list[Any], self._redis.mget(keys)) if keys else []
         except RedisError as exc:
             raise BrokerUnavailable(f"could not read worker heartbeats from Redis: {exc}") from exc
-        return [WorkerStatus(**json.loads(v)) for v in values if v is not None]
+        return [_status(json.loads(v)) for v in values if v is not None]
+
+
+def _status(said: dict[str, Any]) -> WorkerStatus:
+    """A heartbeat as this release reads it: fields a newer worker adds are left out, so
+    an API or housekeeper not yet upgraded still reads it during a rolling upgrade."""
+    known = {f.name for f in fields(WorkerStatus)}
+    return WorkerStatus(**{name: value for name, value in said.items() if name in known})

@@ -2,16 +2,16 @@
 queue, so the count a Kubernetes autoscaler polls for each model reads only that model's
 active jobs (deploy/k8s/scaledobject-*.yaml).
 
-Revision ID: 0013
-Revises: 0012
+Revision ID: 0014
+Revises: 0013
 Create Date: 2026-11-27
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0013"
-down_revision = "0012"
+revision = "0014"
+down_revision = "0013"
 branch_labels = None
 depends_on = None
 

@@ -177,7 +177,11 @@ class Maintenance:
                 )
         self._publish(due)
         # After publishing: a job just published again has not waited since.
-        stalled = self._fleet.check(models)
+        try:
+            stalled = self._fleet.check(models)
+        except Exception:  # a view for operators: it never stops the pass's real work
+            log.exception("could not count stalled jobs")
+            stalled = {}
         self._tend_batches()
         if self._webhooks_due():
             # Retries come due here, on Postgres' clock: no long Celery countdowns.

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 
 from bench.chaos.receiver import Receiver
 from bench.stack import demo_model
@@ -228,6 +229,17 @@ class Cluster:
                 return None
             worker.signal(signal.SIGUSR1)
             return worker
+
+    def busy_workers(self) -> list[int]:
+        """The GPU workers that hold running jobs now (by Postgres; none if it is away)."""
+        dsn = self.database_url.replace("+psycopg", "")
+        try:
+            with psycopg.connect(dsn, connect_timeout=5) as conn:
+                rows = conn.execute("SELECT DISTINCT worker FROM jobs WHERE status = 'running'")
+                nodes = {row[0] for row in rows}
+        except psycopg.Error:
+            return []
+        return [i for i in range(len(self.workers)) if worker_node(i) in nodes]
 
     def cancel_consumers(self, node: str, queues: Sequence[str]) -> list[Any]:
         """Celery's own remote control, as an operator's `celery control cancel_consumer`:

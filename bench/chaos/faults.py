@@ -12,7 +12,7 @@ kind drawn the same way, each logged with when it began and ended.
 | `poison` | submit a request that kills the engine core it enters (failed as poison) |
 | `drop_receiver` | take the webhook receiver down for a while |
 | `cancel_consumers` | cancel a GPU worker's queues (a third of the time the housekeeper's) |
-| `thread_death` | SIGUSR1 to a GPU worker: its result writer's thread dies, the worker exits |
+| `thread_death` | SIGUSR1 to a busy GPU worker: its result writer's thread dies, it exits |
 
 `cancel_consumers` goes through Celery's remote control, as an operator's `celery control
 cancel_consumer` would, and nothing else is done: the process's stall watch must notice
@@ -163,6 +163,10 @@ class Injector:
         return name, {"fired": fired, "replies": replies}
 
     def _thread_death(self, index: int) -> tuple[str, dict[str, Any]]:
+        # A worker with work dies at once; one with none (its consumers cancelled, say)
+        # only once work reaches it.
+        if busy := self._cluster.busy_workers():
+            index = self._rng.choice(busy)
         worker = self._cluster.kill_writer_thread(index)
         code = None
         if worker is not None:

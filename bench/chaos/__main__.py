@@ -9,11 +9,13 @@ A deployment of the real processes (bench/chaos/cluster.py) runs a steady mixed 
 are started again, as compose's `restart: unless-stopped` would, and logged with their
 exit codes (the fault log's `exited`). Then the load and the faults stop, every process is
 up, and the run waits (up to `--settle-minutes`) for every job, batch and webhook delivery
-to end; the checker (bench/chaos/check.py) reads the history and Postgres. Written to
-`--out`: report.json (findings, counts, faults by kind, the time things took to settle),
+to end; the checker (bench/chaos/check.py) reads the history, the fault log, the
+processes' logs and Postgres. Written to `--out`: report.json (findings, counts, faults by
+kind, the time things took to settle, heal times and waits against the bound),
 history.jsonl, faults.jsonl and every process's log. Exit status 1 if anything was lost or
 done twice, an idempotent retry made a second job, a batch's counts disagree with its
-lines, or a webhook was never delivered.
+lines, a webhook was never delivered, a job waited past the bound after a process stopped
+taking work, or such a process never took work again (bench/chaos/waits.py).
 """
 
 from __future__ import annotations
@@ -171,6 +173,8 @@ def main() -> None:
             check(
                 history=history,
                 deliveries=cluster.receiver.snapshot(),
+                faults=faults.entries,
+                logs=cluster.logs,
                 database_url=cluster.database_url,
                 api_url=cluster.api_urls()[0],
             )

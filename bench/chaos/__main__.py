@@ -6,13 +6,16 @@
 A deployment of the real processes (bench/chaos/cluster.py) runs a steady mixed load
 (bench/chaos/load.py) for `--minutes` while faults (bench/chaos/faults.py) come every
 `--every` seconds (drawn from the seed). Processes that exit with no fault meaning them to
-are started again, as a supervisor would, and logged. Then the load and the faults stop,
-every process is up, and the run waits (up to `--settle-minutes`) for every job, batch
-and webhook delivery to end; the checker (bench/chaos/check.py) reads the history and
-Postgres. Written to `--out`: report.json (findings, counts, faults by kind, the time
-things took to settle), history.jsonl, faults.jsonl and every process's log. Exit status
-1 if anything was lost or done twice, an idempotent retry made a second job, a batch's
-counts disagree with its lines, or a webhook was never delivered.
+are started again, as compose's `restart: unless-stopped` would, and logged with their
+exit codes (the fault log's `exited`). Then the load and the faults stop, every process is
+up, and the run waits (up to `--settle-minutes`) for every job, batch and webhook delivery
+to end; the checker (bench/chaos/check.py) reads the history, the fault log, the
+processes' logs and Postgres. Written to `--out`: report.json (findings, counts, faults by
+kind, the time things took to settle, heal times and waits against the bound),
+history.jsonl, faults.jsonl and every process's log. Exit status 1 if anything was lost or
+done twice, an idempotent retry made a second job, a batch's counts disagree with its
+lines, a webhook was never delivered, a job waited past the bound after a process stopped
+taking work, or such a process never took work again (bench/chaos/waits.py).
 """
 
 from __future__ import annotations
@@ -51,17 +54,24 @@ def _parse() -> argparse.Namespace:
         "--faults", default=",".join(KINDS), help="the kinds to draw from (all by default)"
     )
     parser.add_argument("--out", type=Path, default=Path("bench/results/chaos"))
-    return parser.parse_args()
+    args = parser.parse_args()
+    if unknown := set(args.faults.split(",")) - set(KINDS):
+        parser.error(f"unknown fault kinds: {', '.join(sorted(unknown))}")
+    return args
 
 
 def _supervise(cluster: Cluster, faults: FaultLog, stop: threading.Event) -> None:
     while not stop.wait(SUPERVISE_EVERY_S):
         try:
-            for name in cluster.supervise():
-                now = time.time()
-                faults.add("exited", name, now, now)
+            _restart_exited(cluster, faults)
         except Exception:
             log.exception("supervising failed")
+
+
+def _restart_exited(cluster: Cluster, faults: FaultLog) -> None:
+    for exited in cluster.supervise():
+        now = time.time()
+        faults.add("exited", exited.name, now, now, exit_code=exited.code)
 
 
 def _settled(database_url: str) -> dict[str, int]:
@@ -149,17 +159,22 @@ def main() -> None:
         started = time.time()
         asyncio.run(run())
         log.info("load and faults stopped after %.0f s; settling", time.time() - started)
-        cluster.supervise()
+        _restart_exited(cluster, faults)
         cluster.receiver.start()  # a no-op unless a fault left it down
         report["settle_s"] = _settle(cluster, args.settle_minutes * 60)
         report["longest_after_last_fault_s"] = _after_last_fault(
             cluster.database_url, faults.last_ended()
         )
         report["faults"] = dict(Counter(e["kind"] for e in faults.entries))
+        report["faults_not_fired"] = dict(
+            Counter(e["kind"] for e in faults.entries if e.get("fired") is False)
+        )
         report.update(
             check(
                 history=history,
                 deliveries=cluster.receiver.snapshot(),
+                faults=faults.entries,
+                logs=cluster.logs,
                 database_url=cluster.database_url,
                 api_url=cluster.api_urls()[0],
             )

@@ -13,6 +13,10 @@ What it counts; each but the last fails the run (exit status 1) when it is not z
 - **undelivered webhooks**: an ended job or batch with a webhook whose event the receiver
   never accepted, or a delivery given up on; and **webhooks with two ids**: one event
   delivered under two `webhook-id`s;
+- **waited past the bound**: a single job that waited to start longer than the bound
+  after a `cancel_consumers` or `thread_death` fault, and **unhealed**: a process that
+  said it was stuck after one and never took work again (bench/chaos/waits.py: the
+  bound, and how a wait is put down to a fault);
 - streams that ended without `[DONE]` or an error event (reported only: an API killed
   under a stream cuts it).
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,6 +35,7 @@ import psycopg
 from bench.chaos.cluster import ADMIN_KEY
 from bench.chaos.load import History
 from bench.chaos.receiver import Delivery
+from bench.chaos.waits import waits_after_faults
 from inferq.domain.jobs import Job
 from inferq.store.engine import make_engine, make_sessions
 from inferq.store.jobs import JobStore
@@ -41,6 +47,8 @@ FAILING = (
     "counter_disagreements",
     "undelivered_webhooks",
     "webhooks_with_two_ids",
+    "waited_past_bound",
+    "unhealed",
 )
 ACCEPTED = (200, 201, 202)
 
@@ -49,6 +57,8 @@ def check(
     *,
     history: History,
     deliveries: Sequence[Delivery],
+    faults: Sequence[dict[str, Any]],
+    logs: Path,
     database_url: str,
     api_url: str,
 ) -> dict[str, Any]:
@@ -114,6 +124,9 @@ def check(
         f"batch {b} is {row[0]}" for b, row in batches.items() if row[0] not in _BATCH_ENDED
     ]
     found["undelivered_webhooks"] += [f"delivery {d} given up" for d in given_up]
+    bound = waits_after_faults(faults=faults, database_url=database_url, logs=logs)
+    for name, items in bound.pop("findings").items():
+        found[name] += items
     report: dict[str, Any] = {
         "jobs": dict(statuses),
         "batches": len(batches),
@@ -121,6 +134,7 @@ def check(
         "counts": {name: len(items) for name, items in found.items()},
         "examples": {name: items[:5] for name, items in found.items() if items},
         "client": _client_counts(history),
+        "bound": bound,
     }
     report["failed"] = any(report["counts"].get(name) for name in FAILING)
     return report

@@ -11,21 +11,42 @@ kind drawn the same way, each logged with when it began and ended.
 | `kill_housekeeper`, `kill_beat` | SIGKILL it, and start it again a minute later |
 | `poison` | submit a request that kills the engine core it enters (failed as poison) |
 | `drop_receiver` | take the webhook receiver down for a while |
+| `cancel_consumers` | cancel a GPU worker's queues (a third of the time the housekeeper's) |
+| `thread_death` | SIGUSR1 to a busy GPU worker: its result writer's thread dies, it exits |
+
+`cancel_consumers` goes through Celery's remote control, as an operator's `celery control
+cancel_consumer` would, and nothing else is done: the process's stall watch must notice
+and consume again (or exit, to be started again). `thread_death` uses the workers' fault
+hook (tests/helpers/faulty_worker.py): the writer's thread raises at its next announcement
+of results, and the worker exits (71); the cluster's supervision starts it again. Their
+entries in the fault log say whether they fired (the node acknowledged the cancel; the
+worker exited 71 in time).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
+import subprocess
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.chaos.cluster import LEASE_S, Cluster
+from bench.chaos.cluster import (
+    HOUSEKEEPER_NODE,
+    LEASE_S,
+    MODEL_NAME,
+    Cluster,
+    worker_node,
+)
 from bench.chaos.load import Load
+from inferq.constants import SERVICE_QUEUES
+from inferq.domain.queue_names import gpu_queues
+from inferq.host.supervision import EXIT_THREAD_DIED
 
 KINDS = (
     "kill_worker",
@@ -37,9 +58,15 @@ KINDS = (
     "kill_beat",
     "poison",
     "drop_receiver",
+    "cancel_consumers",
+    "thread_death",
 )
 SERVICE_DOWN_S = 60.0
 RECEIVER_DOWN_S = (20.0, 90.0)
+HOUSEKEEPER_SHARE = 1 / 3
+# A worker told to lose its writer thread loses it at its next announcement of results:
+# within a second under load, later if it has nothing to do.
+DIE_WITHIN_S = 120.0
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +75,11 @@ log = logging.getLogger(__name__)
 class FaultLog:
     entries: list[dict[str, Any]] = field(default_factory=list)
 
-    def add(self, kind: str, target: str, began: float, ended: float) -> None:
-        self.entries.append({"kind": kind, "target": target, "began": began, "ended": ended})
-        log.warning("fault %s on %s, %.1f s", kind, target, ended - began)
+    def add(self, kind: str, target: str, began: float, ended: float, **detail: Any) -> None:
+        self.entries.append(
+            {"kind": kind, "target": target, "began": began, "ended": ended, **detail}
+        )
+        log.warning("fault %s on %s, %.1f s %s", kind, target, ended - began, detail or "")
 
     def last_ended(self) -> float | None:
         return max((e["ended"] for e in self.entries), default=None)
@@ -91,13 +120,18 @@ class Injector:
         while not self._stopping.wait(self._rng.uniform(*self._every_s)):
             kind = self._rng.choice(self._kinds)
             began = time.time()
-            target = self._inject(kind)
-            self.faults.add(kind, target, began, time.time())
+            try:
+                target, detail = self._inject(kind)
+            except Exception as exc:  # logged in the fault log: the run goes on
+                log.exception("fault %s failed", kind)
+                target, detail = "?", {"fired": False, "error": repr(exc)}
+            self.faults.add(kind, target, began, time.time(), **detail)
 
-    def _inject(self, kind: str) -> str:
+    def _inject(self, kind: str) -> tuple[str, dict[str, Any]]:
+        """The fault's target, and what else its entry should say."""
         cluster = self._cluster
         index = self._rng.randrange(2)
-        actions: dict[str, Callable[[], str]] = {
+        actions: dict[str, Callable[[], str | tuple[str, dict[str, Any]]]] = {
             "kill_worker": lambda: _done(cluster.kill_worker, index, f"gpu-{index}"),
             "stop_worker": lambda: self._stop_worker(index),
             "kill_api": lambda: _done(cluster.kill_api, index, f"api-{index}"),
@@ -111,8 +145,34 @@ class Injector:
             "kill_beat": lambda: self._down_a_while(cluster.kill_beat, cluster.start_beat, "beat"),
             "poison": self._poison,
             "drop_receiver": self._drop_receiver,
+            "cancel_consumers": lambda: self._cancel_consumers(index),
+            "thread_death": lambda: self._thread_death(index),
         }
-        return actions[kind]()
+        outcome = actions[kind]()
+        return outcome if isinstance(outcome, tuple) else (outcome, {})
+
+    def _cancel_consumers(self, index: int) -> tuple[str, dict[str, Any]]:
+        housekeeper = self._rng.random() < HOUSEKEEPER_SHARE
+        if housekeeper and "housekeeper" not in self._cluster.intended_down:
+            name, node, queues = "housekeeper", HOUSEKEEPER_NODE, SERVICE_QUEUES
+        else:
+            name, node, queues = f"gpu-{index}", worker_node(index), gpu_queues(MODEL_NAME)
+        replies = self._cluster.cancel_consumers(node, queues)
+        # A node restarting just now does not answer: then nothing was cancelled.
+        fired = all(any("ok" in r.get(node, {}) for r in reply) for reply in replies)
+        return name, {"fired": fired, "replies": replies}
+
+    def _thread_death(self, index: int) -> tuple[str, dict[str, Any]]:
+        # A worker with work dies at once; one with none (its consumers cancelled, say)
+        # only once work reaches it.
+        if busy := self._cluster.busy_workers():
+            index = self._rng.choice(busy)
+        worker = self._cluster.kill_writer_thread(index)
+        code = None
+        if worker is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = worker.process.wait(DIE_WITHIN_S)
+        return f"gpu-{index}", {"fired": code == EXIT_THREAD_DIED, "exit_code": code}
 
     def _stop_worker(self, index: int) -> str:
         with self._cluster.worker_stopped(index):

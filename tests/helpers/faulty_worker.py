@@ -6,12 +6,17 @@
 - `INFERQ_TEST_RAISE_ONCE`: the first call of one piece raises an error nobody planned
   for (`claim`: the claim of a task's jobs in Postgres; `announce`: the announcement of
   committed results, inside the result writer's thread).
+- `INFERQ_TEST_DIE_ON_SIGUSR1`: each SIGUSR1 makes the next announcement of committed
+  results raise, inside the result writer's thread (the chaos run's thread death, sent
+  from outside while the worker serves). Celery's own SIGUSR1 handler, which logs every
+  thread's stack, is not installed.
 - `INFERQ_TEST_DEAF_CONTROL`: Celery's remote control refuses `add_consumer` (as a worker
   whose control channel is gone too would not do it).
 - `INFERQ_TEST_SILENT_BEAT`: `inferq beat` runs on and sends nothing.
 
 Run as `python -m tests.helpers.faulty_worker worker --name ...` (the arguments of
-`python -m cli.main`; `start_worker`'s `kill_engine_seed` and `raise_once` do both). It
+`python -m cli.main`; `start_worker`'s `kill_engine_seed`, `raise_once`, `deaf_control`
+and `die_on_sigusr1` do both). It
 wraps the pieces before the worker imports them, then runs the CLI: only a worker a test
 starts this way has the fault.
 """
@@ -20,10 +25,12 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 from typing import TYPE_CHECKING, Any
 
 from celery import beat
+from celery.apps import worker as celery_worker
 from celery.worker import control
 
 from inferq.broker.events import JobEvents
@@ -39,6 +46,7 @@ SEED_VARIABLE = "INFERQ_TEST_KILL_ENGINE_SEED"
 RAISE_VARIABLE = "INFERQ_TEST_RAISE_ONCE"
 DEAF_VARIABLE = "INFERQ_TEST_DEAF_CONTROL"
 SILENT_BEAT_VARIABLE = "INFERQ_TEST_SILENT_BEAT"
+DIE_ON_SIGUSR1_VARIABLE = "INFERQ_TEST_DIE_ON_SIGUSR1"
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +90,37 @@ def raise_once(owner: type, name: str) -> None:
     setattr(owner, name, faulty)
 
 
+def raise_after_sigusr1(owner: type, name: str) -> None:
+    """`owner.name` raises `InjectedFault` the first time it is called after each SIGUSR1."""
+    method = getattr(owner, name)
+    armed = threading.Event()
+
+    def faulty(*args: Any, **kwargs: Any) -> Any:
+        if armed.is_set():
+            armed.clear()
+            log.warning("fault hook: %s.%s raises after SIGUSR1", owner.__name__, name)
+            raise InjectedFault(f"injected into {owner.__name__}.{name}")
+        return method(*args, **kwargs)
+
+    setattr(owner, name, faulty)
+    # Installed first thing, so a signal during the model's load arms the fault rather
+    # than ending the process (SIGUSR1's default); Celery's worker would replace it.
+    signal.signal(signal.SIGUSR1, lambda *_: armed.set())
+    celery_worker.install_cry_handler = lambda *_, **__: None
+
+
+def _raising_pieces() -> None:
+    piece = os.environ.get(RAISE_VARIABLE)
+    if piece == "claim":
+        raise_once(JobStore, "claim_jobs")
+    elif piece == "announce":
+        raise_once(JobEvents, "finished")
+    elif piece is not None:
+        raise SystemExit(f"{RAISE_VARIABLE}={piece!r}: claim or announce")
+    if DIE_ON_SIGUSR1_VARIABLE in os.environ:
+        raise_after_sigusr1(JobEvents, "finished")
+
+
 def main() -> None:
     if SEED_VARIABLE in os.environ:
         seed = int(os.environ[SEED_VARIABLE])
@@ -92,13 +131,7 @@ def main() -> None:
             return SeedKillsEngine(engine, seed=seed)
 
         factory.build_engine = build_faulty_engine
-    piece = os.environ.get(RAISE_VARIABLE)
-    if piece == "claim":
-        raise_once(JobStore, "claim_jobs")
-    elif piece == "announce":
-        raise_once(JobEvents, "finished")
-    elif piece is not None:
-        raise SystemExit(f"{RAISE_VARIABLE}={piece!r}: claim or announce")
+    _raising_pieces()
     if DEAF_VARIABLE in os.environ:
 
         def deaf(*_: Any, **__: Any) -> dict[str, str]:

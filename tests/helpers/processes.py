@@ -15,7 +15,12 @@ from pathlib import Path
 
 import httpx
 
-from tests.helpers.faulty_worker import DEAF_VARIABLE, RAISE_VARIABLE, SEED_VARIABLE
+from tests.helpers.faulty_worker import (
+    DEAF_VARIABLE,
+    DIE_ON_SIGUSR1_VARIABLE,
+    RAISE_VARIABLE,
+    SEED_VARIABLE,
+)
 
 INFERQ = [sys.executable, "-m", "cli.main"]
 # The same, with a fault hook in the engine (see there).
@@ -138,10 +143,12 @@ def start_worker(
     kill_engine_seed: int | None = None,
     raise_once: str | None = None,
     deaf_control: bool = False,
+    die_on_sigusr1: bool = False,
 ) -> ServiceProcess:
     """A GPU worker; with `kill_engine_seed`, one whose engine core a request with that seed
     kills; with `raise_once`, one whose piece of that name raises once; with
-    `deaf_control`, one that refuses to consume again when told (all:
+    `deaf_control`, one that refuses to consume again when told; with `die_on_sigusr1`,
+    one whose result writer's thread dies after each SIGUSR1 (all:
     tests/helpers/faulty_worker.py)."""
     env = {"INFERQ_WORKER_METRICS_PORT": str(free_port()), **env}
     command = INFERQ
@@ -154,6 +161,9 @@ def start_worker(
     if deaf_control:
         command = FAULTY_INFERQ
         env = {**env, DEAF_VARIABLE: "1"}
+    if die_on_sigusr1:
+        command = FAULTY_INFERQ
+        env = {**env, DIE_ON_SIGUSR1_VARIABLE: "1"}
     worker = ServiceProcess(
         name, [*command, "worker", "--name", f"{name}@test"], env=env, log_dir=log_dir
     )

@@ -17,6 +17,7 @@ from inferq.domain.jobs import JobStatus
 from inferq.store.models import JobRow, WebhookAttemptRow, WebhookDeliveryRow
 from tests.fault.conftest import DeploymentFactory
 from tests.helpers.deployment import Deployment
+from tests.helpers.processes import ServiceProcess
 from tests.helpers.receiver import Received, receiver
 
 pytestmark = pytest.mark.engine
@@ -37,6 +38,20 @@ def _job_id(request: Received) -> str:
 TOKENS = 300
 
 
+def _kill_holding_running_jobs(deployed: Deployment, worker: ServiceProcess, ids: list[str]) -> int:
+    """SIGKILL `worker` at a moment it holds running jobs, and say how many: frozen while
+    it is looked at, so that none ends between the count and the kill; looked at again
+    (thawed between looks) if a wave had just ended."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with worker.frozen():
+            running = sum(1 for j in deployed.jobs(ids) if j.status is JobStatus.RUNNING)
+            if running:
+                worker.kill_group()
+                return running
+    raise AssertionError(f"{worker.name} held no running job whenever it was looked at")
+
+
 def test_sigkill_with_200_jobs_in_flight_loses_nothing(deployment: DeploymentFactory) -> None:
     with receiver() as hooks:
         deployed = deployment()
@@ -44,12 +59,11 @@ def test_sigkill_with_200_jobs_in_flight_loses_nothing(deployment: DeploymentFac
         # Queued before the worker starts, so that it has a backlog to hold when killed
         # (on a loaded machine submitting can be slower than running).
         ids = deployed.submit(bodies)
-        first = deployed.start_worker("gpu-a", INFERQ_MAX_NUM_SEQS="64", INFERQ_MAX_BATCH_SIZE="32")
-        deployed.wait_done_and_running(ids, 60)
-        # Frozen, so that no job ends between the count and the kill.
-        with first.frozen():
-            running_at_kill = sum(1 for j in deployed.jobs(ids) if j.status is JobStatus.RUNNING)
-            first.kill_group()
+        # Waves of 32: a fast host runs 200 jobs of 64 in a few seconds, and could end
+        # its last wave between the look that saw jobs running and the kill.
+        first = deployed.start_worker("gpu-a", INFERQ_MAX_NUM_SEQS="32", INFERQ_MAX_BATCH_SIZE="32")
+        deployed.wait_done_and_running(ids, 32)
+        running_at_kill = _kill_holding_running_jobs(deployed, first, ids)
         deployed.start_worker("gpu-b", INFERQ_MAX_NUM_SEQS="64", INFERQ_MAX_BATCH_SIZE="32")
         jobs = deployed.wait_all_ended(ids)
 

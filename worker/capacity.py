@@ -40,8 +40,10 @@ class CapacityGate:
 
     @property
     def has_room(self) -> bool:
-        """Another job would get in now (room, and nobody waiting for it)."""
-        return self._used < self._limit and not self._interactive and not self._bulk
+        """Another job would get in now: the gate is open (a draining worker's is not),
+        has room, and nobody waits for it."""
+        waiting = self._interactive or self._bulk
+        return not self._closed and self._used < self._limit and not waiting
 
     def acquire(self, count: int, *, interactive: bool, timeout_s: float | None = None) -> bool:
         """Wait for room for `count` jobs, after every waiter of its kind that came

@@ -146,3 +146,14 @@ def test_waiting_chunks_get_in_in_the_order_they_came() -> None:
     for thread in threads:
         thread.join(2)
     assert order == names
+
+
+def test_room_is_there_while_open_unheld_and_unwaited_for() -> None:
+    gate = CapacityGate(2)
+    assert gate.has_room
+    assert gate.acquire(2, interactive=False)
+    assert not gate.has_room
+    gate.release(2)
+    assert gate.has_room
+    gate.close()  # a draining worker takes nothing more: it has no room to be stuck with
+    assert not gate.has_room

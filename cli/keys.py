@@ -71,9 +71,18 @@ def keys_update(
         int | None,
         typer.Option(min=0, max=INT64, help="Quota: tokens a UTC day, used plus queued (0: none)."),
     ] = None,
+    weight: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=1000,
+            help="Its tenant's share of batch work against other tenants' (default 1).",
+        ),
+    ] = None,
 ) -> None:
-    """Change a key's limits and quotas (those not given stay as they are). The API applies
-    them within INFERQ_AUTH_CACHE_S."""
+    """Change a key's limits, quotas and weight (those not given stay as they are). The API
+    applies limits and quotas within INFERQ_AUTH_CACHE_S; a weight counts from the next
+    claim of batch lines."""
     from inferq.exceptions import NotFound
 
     given = {
@@ -81,10 +90,13 @@ def keys_update(
         "tpm": tpm,
         "max_queued_tokens": max_queued_tokens,
         "daily_tokens": daily_tokens,
+        "weight": weight,
     }
     changes = {name: value for name, value in given.items() if value is not None}
     if not changes:
-        typer.echo("nothing to change: give --rpm, --tpm, --max-queued-tokens or --daily-tokens")
+        typer.echo(
+            "nothing to change: give --rpm, --tpm, --max-queued-tokens, --daily-tokens or --weight"
+        )
         raise typer.Exit(2)
     try:
         key = _key_store(configured()).update(key_id, **changes)
@@ -100,7 +112,7 @@ def _key_line(key: ApiKey) -> str:
     limits += f"tpm={key.tpm if key.tpm is not None else 'default'}"
     quota = key.quota
     limits += f" max_queued_tokens={quota.max_queued_tokens or 'none'}"
-    limits += f" daily_tokens={quota.daily_tokens or 'none'}"
+    limits += f" daily_tokens={quota.daily_tokens or 'none'} weight={key.weight}"
     role = "admin" if key.admin else "tenant"
     return f"{key.id}  {key.prefix}...  {key.name}  {role}:{key.tenant}  {limits}  {state}"
 

@@ -1,8 +1,8 @@
 """`inferq run FILE`: one batch on this machine, with no Redis, Postgres or Docker.
 
 The pieces are a deployment's, embedded: the SQLAlchemy store and its Alembic migrations
-on SQLite (the state file), an in-process queue where Redis would be, and the GPU
-worker's runtime (capacity gate, engine loop, result writer). A line's result is
+on SQLite (the state file), and the GPU worker's runtime (its feeder claims the lines
+from the state file, as a worker's claims them from Postgres). A line's result is
 committed to the state file before it counts as done, so a run that is interrupted
 (Ctrl-C, or killed outright) and started again with the same state file skips the lines
 already done and runs the others; no line is written twice.
@@ -14,7 +14,7 @@ import hashlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,9 +23,9 @@ from cli.demo_model import CPU_DTYPE, DEMO, TINY, build_demo_model
 from inferq.app import App
 from inferq.domain.batches import Batch, BatchStatus, FilePurpose
 from inferq.domain.jobs import JobStatus
+from inferq.domain.queue_names import bulk_queue
 from inferq.domain.served_models import served_by
-from inferq.exceptions import BrokerUnavailable, InferqError, JobsReturned
-from inferq.host import supervision
+from inferq.exceptions import BrokerUnavailable, InferqError
 from inferq.operations.batches import BatchOperations
 from inferq.settings import Settings
 from inferq.store.migrate import upgrade
@@ -33,7 +33,6 @@ from inferq.wire.model_catalog import FixedModels, ModelCatalog, RequestLimits
 
 if TYPE_CHECKING:
     from worker.engine.protocol import Engine as ModelEngine
-    from worker.runtime import EngineRuntime
 
 log = logging.getLogger(__name__)
 
@@ -191,26 +190,19 @@ class LocalRun:
             worker_name=LOCAL_WORKER,
             on_fatal=give_up,
             metrics=WorkerMetrics(),
+            # The feeder claims the lines from the state file, as a worker's does.
+            batch_queue=bulk_queue(settings.model_name),
         )
-        work = _InProcessQueue(
-            self.batches.job_id_chunks(batch_id), settings.effective_bulk_chunk_size
-        )
-        consumers = [
-            supervision.thread(work.consume, args=(runtime,), name=f"consumer-{i}", daemon=False)
-            for i in range(_consumers(settings))
-        ]
         runtime.start()
-        for consumer in consumers:
-            consumer.start()
         try:
-            while not stop.wait(poll_s) and any(c.is_alive() for c in consumers):
-                on_progress(self.progress(batch_id))
+            while not stop.wait(poll_s):
+                progress = self.progress(batch_id)
+                on_progress(progress)
+                if progress.done >= progress.total:
+                    break
         finally:
             if stop.is_set():
-                work.close()
                 runtime.drain(timeout_s=0)
-            for consumer in consumers:
-                consumer.join()
             runtime.stop()  # the engine loop closes its engine
         if fatal:
             raise InferqError(f"the engine cannot go on: {fatal[0]}")
@@ -262,8 +254,8 @@ class LocalRun:
 
 
 class _NoBroker:
-    """No broker in a local run: the consumer threads take queued lines from the state
-    file, and nothing is cancelled (a local batch is stopped, never cancelled)."""
+    """No broker in a local run: the feeder finds queued lines in the state file without
+    being woken, and nothing is cancelled (a local batch is stopped, never cancelled)."""
 
     def publish_bulk(self, job_ids: Sequence[str], *, queue: str) -> None:
         pass
@@ -280,46 +272,6 @@ class _NoListeners:
 
     def finished(self, job_ids: Sequence[str], *, batch_ids: Sequence[str] = ()) -> None:
         pass
-
-
-class _InProcessQueue:
-    """Where Redis would be: chunks of queued job ids, taken by consumer threads that
-    each hand one chunk at a time to the runtime, as Celery's threads do."""
-
-    def __init__(self, chunks: Iterator[list[str]], size: int) -> None:
-        self._chunks = _rechunk(chunks, size)
-        self._lock = threading.Lock()
-        self._closed = threading.Event()
-
-    def take(self) -> list[str] | None:
-        with self._lock:
-            if self._closed.is_set():
-                return None
-            return next(self._chunks, None)
-
-    def close(self) -> None:
-        self._closed.set()
-
-    def consume(self, runtime: EngineRuntime) -> None:
-        while (job_ids := self.take()) is not None:
-            try:
-                runtime.run(job_ids, interactive=False)
-            except JobsReturned:
-                return
-
-
-def _rechunk(chunks: Iterator[list[str]], size: int) -> Iterator[list[str]]:
-    for chunk in chunks:
-        for start in range(0, len(chunk), size):
-            yield chunk[start : start + size]
-
-
-def _consumers(settings: Settings) -> int:
-    """As many threads as the worker's Celery pool has. A thread holds its chunk until the
-    chunk's last line ends, so with long-tailed lengths most threads wait on one or two
-    lines each: a thread per chunk of a full gate left the engine a quarter full while
-    lines waited (`python -m bench.paced`)."""
-    return settings.effective_worker_concurrency
 
 
 def _sha256(path: Path) -> str:

@@ -165,7 +165,8 @@ class Maintenance:
             if len(batch) < BATCH_LIMIT:
                 break
         models = list(self._served_models())
-        queues = [queue for model in models for queue in gpu_queues(model)]
+        # Batch lines are never stranded: feeders look for them in Postgres themselves.
+        queues = [queue for model in models for queue in gpu_queues(model) if not is_bulk(queue)]
         for queue in queues:
             horizon = self._delivered_before(queue)
             if horizon is not None:

@@ -23,8 +23,6 @@ JOBS_DONE_CHANNEL: Final = "jobs:done"
 JOBS_CANCEL_CHANNEL: Final = "jobs:cancel"
 # A batch's lines have ended (some of them): wakes whoever follows its output.
 BATCH_PROGRESS_CHANNEL: Final = "batches:progress"
-# Single jobs just submitted, offered to workers whose message slots are all held.
-JOBS_SUBMITTED_CHANNEL: Final = "jobs:submitted"
 # A streamed job's tokens, as generated: a Redis Stream per job (inferq/broker/token_stream.py).
 TOKENS_STREAM: Final = "tokens"
 # Each API process subscribes to a channel of its own (a name plus a random suffix).

@@ -1,37 +1,29 @@
-"""Admission: which jobs enter the engine, and when, from a Celery message to vLLM.
+"""Admission: which jobs enter the engine, and when, from Postgres to vLLM.
 
-A job passes three stages on its way into the engine, and interactive work (single jobs)
-goes first at each of them:
+A job passes three stages on its way into the engine, and single jobs go first at each:
 
-1. The capacity gate (worker/capacity.py), before the claim in Postgres. A Celery task
-   (a message: one single job, or a chunk of batch lines) waits at the gate until the
-   worker has room for its jobs, and only then claims them. So a worker claims only what
-   its engine will soon run (a full engine plus a micro-batch waiting): a job held back
+1. The claim, through the capacity gate (worker/capacity.py): the worker claims only what
+   its engine will soon run (a full engine plus a micro-batch waiting), so a job held back
    stays `queued` in Postgres, truthfully, where cancelling it is free and another worker
-   can still take it. A waiting interactive task holds back every batch chunk, and may
-   use `interactive_held_jobs` places more than they may: the engine keeps slots for
-   single jobs, so a gate full of batch lines must not keep them out.
+   can still take it. A single job's Celery task waits at the gate for room, then claims
+   its job (worker/claims.py). Batch lines are claimed by the feeder (worker/feeder.py)
+   whenever there is room for half a micro-batch, in the order work is shared between
+   tenants (inferq/domain/fair_share.py): that claim is the one place their order is
+   decided. A single job waiting at the gate holds the feeder back, and may use
+   `interactive_held_jobs` places more: the engine keeps slots for single jobs, so a gate
+   full of batch lines must not keep them out.
 2. The admission queue (this module), between the claim and the engine. Claimed requests
-   wait here until the engine has room, taken in the order of their engine priority
-   (lower first: single jobs before batch lines, then each job's own `priority`, then
-   arrival). Bulk work fills the engine up to `max_num_seqs`; interactive work may go past
-   that into the slots kept for it (`interactive_seqs`), so a single job never waits for a
-   full engine of batch lines to drain. An idle engine waits up to `max_batch_delay_ms`
-   for a micro-batch of bulk work to gather, so the first prefill is shared; a single job
-   never waits for that, and a busy engine takes whatever is pending at every step.
+   wait here until the engine has room, single jobs first (by their `priority`, then
+   arrival), then batch lines in the order they were claimed. Batch lines fill the engine
+   up to `max_num_seqs`; single jobs may go past that into the slots kept for them
+   (`interactive_seqs`), so a single job never waits for a full engine of batch lines to
+   drain. An idle engine waits up to `max_batch_delay_ms` for a micro-batch of batch lines
+   to gather, so the first prefill is shared; a single job never waits for that, and a
+   busy engine takes whatever is pending at every step.
 3. vLLM's priority scheduler, inside the engine (`scheduling_policy="priority"`, fed by
-   `inferq.domain.jobs.engine_priority`): it runs single jobs ahead of batch lines and preempts
-   batch lines if the KV cache runs short.
-
-Single jobs are also offered by pub/sub the moment they are submitted (worker/job_events.py
-hands them to `EngineRuntime.offer`). They are taken that way only while batch chunks
-wait at the gate: then the worker's message slots are (or are about to be) all held by
-messages that end only when whole chunks end, and a single job's own message could not
-be fetched until then. The runtime claims such jobs straight from Postgres, through the
-gate's interactive side (waiting at most a moment for room), and their messages, when
-they come, find them held or finished and are acknowledged. At other times an offer is
-ignored, so that a newer single job never jumps older ones still in Redis. The messages
-stay the durable path: a missed offer costs only latency.
+   `inferq.domain.jobs.engine_priority`): it runs single jobs ahead of batch lines (every
+   batch line at one priority: their order was the claim's) and preempts batch lines if
+   the KV cache runs short.
 """
 
 from __future__ import annotations

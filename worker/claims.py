@@ -1,11 +1,11 @@
-"""Claiming jobs in Postgres, and giving back those that will not finish here.
+"""Claiming single jobs in Postgres, and giving back jobs that will not finish here.
 
-A task first waits for room at the capacity gate, then claims (see worker/admission.py
-for why in that order). Each store call rides out a database outage as far as its caller
-can afford: a task's claim retries with back-off until it succeeds, since its message is
-held meanwhile; an offered job's claim is tried once, since its message will bring it
-anyway; a give-back is tried a few times, since a job not given back is still safe (its
-lease lapses and maintenance publishes it again), only later.
+A single job's task first waits for room at the capacity gate, then claims (see
+worker/admission.py for why in that order); batch lines are claimed by the feeder
+(worker/feeder.py). Each store call rides out a database outage as far as its caller can
+afford: a task's claim retries with back-off until it succeeds, since its message is held
+meanwhile; a give-back is tried a few times, since a job not given back is still safe
+(its lease lapses and maintenance publishes it again), only later.
 """
 
 from __future__ import annotations
@@ -25,9 +25,6 @@ log = logging.getLogger(__name__)
 
 MAX_CLAIM_BACKOFF_S = 5.0
 GIVE_BACK_ATTEMPTS = 5
-# How long a single job offered by pub/sub may wait for room here before this worker
-# leaves it to its Celery message.
-OFFER_WAIT_S = 2.0
 
 
 class Claimer:
@@ -56,8 +53,9 @@ class Claimer:
         with self._lock:
             return [job_id for ids in self._waiting.values() for job_id in ids]
 
-    def take(self, job_ids: list[str], *, interactive: bool) -> list[ClaimedJob]:
-        """Wait for room at the gate, then claim; room not used by a claim is given back.
+    def take(self, job_ids: list[str]) -> list[ClaimedJob]:
+        """Wait for room at the gate, then claim single jobs; room not used by a claim is
+        given back.
 
         Raises `JobsReturned` if the gate closed (shutdown) meanwhile.
         """
@@ -65,28 +63,13 @@ class Claimer:
         with self._lock:
             self._waiting[token] = job_ids
         try:
-            if not self._gate.acquire(len(job_ids), interactive=interactive):
+            if not self._gate.acquire(len(job_ids)):
                 raise JobsReturned("the worker is shutting down")
         finally:
             with self._lock:
                 self._waiting.pop(token, None)
         with self._room_back_on_error(len(job_ids)):
             claimed = self._claim(job_ids)
-        self._gate.release(len(job_ids) - len(claimed))
-        return claimed
-
-    def take_offered(self, job_ids: list[str]) -> list[ClaimedJob]:
-        """Claim single jobs offered by pub/sub if room frees within `OFFER_WAIT_S`;
-        otherwise, or if the store is down, leave them to their messages."""
-        if not self._gate.acquire(len(job_ids), interactive=True, timeout_s=OFFER_WAIT_S):
-            return []
-        try:
-            with self._room_back_on_error(len(job_ids)):
-                claimed = self._store.claim_jobs(
-                    job_ids, worker=self._worker_name, lease_s=self._lease_s
-                )
-        except StoreUnavailable:
-            claimed = []  # their messages will bring them
         self._gate.release(len(job_ids) - len(claimed))
         return claimed
 
@@ -107,11 +90,9 @@ class Claimer:
     def _room_back_on_error(self, count: int) -> Iterator[None]:
         """Room taken for a claim goes back if the claim raises: kept, it would be lost
         for the life of the process, and enough of it would leave the worker taking
-        nothing. (A `StoreUnavailable` from an offer's claim is handled by its caller.)"""
+        nothing."""
         try:
             yield
-        except StoreUnavailable:
-            raise
         except BaseException:
             self._gate.release(count)
             raise

@@ -1,5 +1,4 @@
-"""Listens for job events: cancellations, so a running job is aborted in the engine at
-once, and new single jobs, which the runtime may take at once (see worker/admission.py)."""
+"""Listens for cancellations, so that a job held here is aborted in the engine at once."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import threading
 from redis import Redis
 from redis.exceptions import RedisError
 
-from inferq.broker.events import cancel_channel, decode_ids, submitted_channel
+from inferq.broker.events import cancel_channel, decode_ids
 from inferq.host import supervision
 from worker.runtime import EngineRuntime
 
@@ -17,17 +16,12 @@ log = logging.getLogger(__name__)
 
 
 class JobEventListener:
-    """A thread subscribed to the cancel and submitted channels. A missed cancellation is
-    caught later by lease renewal, which drops jobs this worker no longer holds; a missed
-    offer costs only latency (the job's message brings it)."""
+    """A thread subscribed to the cancel channel. A missed cancellation is caught later by
+    lease renewal, which drops jobs this worker no longer holds."""
 
-    def __init__(
-        self, redis: Redis, *, key_prefix: str, model: str, runtime: EngineRuntime
-    ) -> None:
-        """Offers are heard only for `model`, the served model this worker runs."""
+    def __init__(self, redis: Redis, *, key_prefix: str, runtime: EngineRuntime) -> None:
         self._redis = redis
         self._cancel = cancel_channel(key_prefix)
-        self._submitted = submitted_channel(key_prefix, model)
         self._runtime = runtime
         self._stopping = threading.Event()
         self._thread = supervision.thread(self._run, name="job-events")
@@ -50,15 +44,10 @@ class JobEventListener:
     def _listen(self) -> None:
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
         try:
-            pubsub.subscribe(self._cancel, self._submitted)
+            pubsub.subscribe(self._cancel)
             while not self._stopping.is_set():
                 message = pubsub.get_message(timeout=1.0)
-                if message is None:
-                    continue
-                ids = decode_ids(message["data"])
-                if message["channel"].decode() == self._cancel:
-                    self._runtime.cancel(ids)
-                else:
-                    self._runtime.offer(ids)
+                if message is not None:
+                    self._runtime.cancel(decode_ids(message["data"]))
         finally:
             pubsub.close()

@@ -15,7 +15,7 @@ from inferq.app import App
 from inferq.broker.celery_app import JobPublisher, consume_again, make_celery
 from inferq.broker.queues import QueueMonitor
 from inferq.broker.token_stream import TokenStreamWriter
-from inferq.domain.queue_names import gpu_queues
+from inferq.domain.queue_names import bulk_queue, gpu_queues
 from inferq.domain.served_models import served_by
 from inferq.host import supervision
 from inferq.host.preflight import engine_settings
@@ -134,13 +134,12 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
         worker_name=worker_name,
         on_fatal=_die,
         metrics=metrics,
+        batch_queue=bulk_queue(settings.model_name),
         on_batch_lines_done=_batch_finisher(app.batches, app.publisher),
         on_tokens=tokens.put,
     )
     model = settings.model_name
-    cancels = JobEventListener(
-        app.redis, key_prefix=settings.redis_key_prefix, model=model, runtime=runtime
-    )
+    cancels = JobEventListener(app.redis, key_prefix=settings.redis_key_prefix, runtime=runtime)
     queues = gpu_queues(model)
     consumer = make_celery(settings, serving=model)
     # SIGINT/SIGQUIT (cold shutdown) wait as long as the drain does before cancelling.

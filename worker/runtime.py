@@ -1,10 +1,11 @@
 """The GPU runtime: what a Celery task calls to run jobs, and the pieces behind it.
 
-A task claims its jobs in Postgres (worker/claims.py), hands them to the admission queue
-and blocks on their tickets (worker/tickets.py) until the writer has committed their
-outcomes; only then does Celery acknowledge the message. Single jobs may also arrive by
-pub/sub offer, the moment they are submitted (see worker/admission.py for when they are
-taken that way). While jobs are held, the lease keeper (worker/leases.py) renews them.
+A single job's task claims its job in Postgres (worker/claims.py), hands it to the
+admission queue and blocks on its ticket (worker/tickets.py) until the writer has
+committed its outcome; only then does Celery acknowledge the message. Batch lines come
+in through the feeder (worker/feeder.py), which claims them whenever there is room; a
+batch's message only wakes it. While jobs are held, the lease keeper (worker/leases.py)
+renews them.
 
 On shutdown the runtime drains: nothing new is admitted, jobs not yet in the engine go
 back to queued at once, jobs in the engine (or entering it, or being written) get
@@ -19,20 +20,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 from inferq.broker.events import FinishedJobs
 from inferq.broker.token_stream import TokenEvent
 from inferq.domain.jobs import ClaimedJob, JobOutcome, engine_priority
 from inferq.exceptions import JobsReturned
-from inferq.host import supervision
 from inferq.settings import Settings
 from worker.admission import AdmissionQueue
 from worker.capacity import CapacityGate
 from worker.claims import Claimer
 from worker.engine.factory import build_engine
 from worker.engine.protocol import Engine, EngineRequest
+from worker.feeder import BatchFeeder
 from worker.leases import LeaseKeeper
 from worker.loop import EngineLoop
 from worker.metrics import WorkerMetrics
@@ -45,7 +45,6 @@ from worker.writer import ResultWriter
 log = logging.getLogger(__name__)
 
 DRAIN_POLL_S = 0.1
-OFFER_THREADS = 4
 
 
 class EngineRuntime:
@@ -72,11 +71,13 @@ class EngineRuntime:
         on_fatal: Callable[[BaseException], None],
         metrics: WorkerMetrics,
         pooling: bool = False,
+        batch_queue: str | None = None,
         on_batch_lines_done: Callable[[set[str]], None] | None = None,
         on_tokens: Callable[[Sequence[TokenEvent]], None] | None = None,
     ) -> None:
         """`pooling`: the engine embeds rather than generates (its speed is counted in
-        prompt tokens)."""
+        prompt tokens). `batch_queue`: the queue whose batch lines the feeder claims (None:
+        this runtime runs single jobs only)."""
         self._events = events
         self.worker_name = worker_name
         self._metrics = metrics
@@ -119,7 +120,19 @@ class EngineRuntime:
             waiting=self._claimer.waiting,
             on_lost=self.cancel,
         )
-        self._offers = ThreadPoolExecutor(OFFER_THREADS, thread_name_prefix="offers")
+        self._feeder = (
+            None
+            if batch_queue is None
+            else BatchFeeder(
+                store=store,
+                gate=self._gate,
+                queue=batch_queue,
+                worker_name=worker_name,
+                lease_s=lease_s,
+                micro_batch=max_batch_size,
+                on_claimed=lambda claimed: self._admit(claimed, interactive=False),
+            )
+        )
         # Messages taken since start, and those whose tasks run now: the stall watch's
         # reading of progress (inferq/host/stall.py).
         self._taken = 0
@@ -140,6 +153,7 @@ class EngineRuntime:
         worker_name: str,
         on_fatal: Callable[[BaseException], None],
         metrics: WorkerMetrics,
+        batch_queue: str | None = None,
         on_batch_lines_done: Callable[[set[str]], None] | None = None,
         on_tokens: Callable[[Sequence[TokenEvent]], None] | None = None,
     ) -> EngineRuntime:
@@ -163,6 +177,7 @@ class EngineRuntime:
             on_fatal=on_fatal,
             metrics=metrics,
             pooling=settings.runner == "pooling",
+            batch_queue=batch_queue,
             on_batch_lines_done=on_batch_lines_done,
             on_tokens=on_tokens,
         )
@@ -171,11 +186,14 @@ class EngineRuntime:
         self._writer.start()
         self.loop.start()
         self._leases.start()
+        if self._feeder is not None:
+            self._feeder.start()
 
     def stop(self) -> None:
         self._stopping.set()
+        if self._feeder is not None:
+            self._feeder.stop()
         self._leases.stop()
-        self._offers.shutdown(wait=False, cancel_futures=True)
         self.loop.stop()
         self._writer.stop()
 
@@ -190,8 +208,14 @@ class EngineRuntime:
         with self._counts:
             return self._taken, self._running < slots and self._gate.has_room
 
-    def run(self, job_ids: Sequence[str], *, interactive: bool) -> None:
-        """Run these jobs and return once each has ended (written, skipped or aborted).
+    def wake_batches(self) -> None:
+        """Batch lines may be waiting: the feeder looks for them now."""
+        if self._feeder is not None:
+            self._feeder.wake()
+
+    def run(self, job_ids: Sequence[str]) -> None:
+        """Run these single jobs and return once each has ended (written, skipped or
+        aborted).
 
         Raises `JobsReturned` if the worker is shutting down and gave any of them back.
         """
@@ -199,29 +223,21 @@ class EngineRuntime:
             self._taken += 1
             self._running += 1
         try:
-            self._run(job_ids, interactive=interactive)
+            self._run(job_ids)
         finally:
             with self._counts:
                 self._running -= 1
 
-    def _run(self, job_ids: Sequence[str], *, interactive: bool) -> None:
+    def _run(self, job_ids: Sequence[str]) -> None:
         if self._draining.is_set():
             raise JobsReturned("the worker is shutting down")
         known, fresh = self._tickets.split(job_ids)
-        claimed = self._claimer.take(fresh, interactive=interactive) if fresh else []
-        tickets = [*known, *self._admit(claimed, interactive=interactive)]
+        claimed = self._claimer.take(fresh) if fresh else []
+        tickets = [*known, *self._admit(claimed, interactive=True)]
         for ticket in tickets:
             ticket.done.wait()
         if any(ticket.returned for ticket in tickets):
             raise JobsReturned(f"{len(job_ids)} jobs went back to the queue")
-
-    def offer(self, job_ids: Sequence[str]) -> None:
-        """Single jobs just submitted (see worker/admission.py); returns at once."""
-        # Only batch chunks: a newer single job must not jump older ones.
-        saturated = self._gate.bulk_waiting > 0
-        if saturated and not self._draining.is_set() and not self._stopping.is_set():
-            offered = self._offers.submit(self._take_offered, list(job_ids))
-            supervision.watch_future(offered, name="an offered job's claim")
 
     def cancel(self, job_ids: Sequence[str]) -> None:
         """Stop work on jobs that were cancelled (or taken by another worker)."""
@@ -265,14 +281,6 @@ class EngineRuntime:
             self.loop.abort(left)
             self._give_back(left)
 
-    def _take_offered(self, job_ids: list[str]) -> None:
-        _, fresh = self._tickets.split(job_ids)
-        if not fresh:
-            return
-        if claimed := self._claimer.take_offered(fresh):
-            log.debug("took %d single jobs offered while every message slot was held", len(claimed))
-        self._admit(claimed, interactive=True)
-
     def _admit(self, claimed: Sequence[ClaimedJob], *, interactive: bool) -> list[Ticket]:
         """Tickets for jobs just claimed, and the jobs into the admission queue."""
         tickets = self._tickets.issue(claimed)
@@ -288,7 +296,11 @@ class EngineRuntime:
                     prompt_token_ids=job.prompt_token_ids,
                     sampling=job.sampling,
                     created_at=job.created_at,
-                    priority=engine_priority(job.priority, interactive=interactive),
+                    # A batch line's place was decided by its claim (worker/feeder.py):
+                    # the engine runs every line at one priority, behind single jobs.
+                    priority=engine_priority(
+                        job.priority if interactive else 0, interactive=interactive
+                    ),
                     stream=job.stream,
                 )
                 for job in admitted

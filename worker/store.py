@@ -20,6 +20,11 @@ class WorkerStore(Protocol):
     def claim_jobs(self, job_ids: Sequence[str], *, worker: str, lease_s: int) -> list[ClaimedJob]:
         """Take queued jobs, and running ones whose lease ran out, for `worker`."""
 
+    def claim_batch_lines(
+        self, *, queue: str, worker: str, lease_s: int, limit: int
+    ) -> list[ClaimedJob]:
+        """Take up to `limit` queued batch lines of `queue`, shared fairly between tenants."""
+
     def renew_leases(self, job_ids: Sequence[str], *, worker: str, lease_s: int) -> set[str]:
         """Extend `worker`'s leases; return the ids it no longer holds."""
 

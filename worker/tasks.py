@@ -18,10 +18,14 @@ def register_gpu_tasks(app: Celery, runtime: EngineRuntime) -> None:
 
     @app.task(name=RUN_JOBS_TASK, bind=True)  # type: ignore[untyped-decorator]
     def run_jobs(self: Any, job_ids: list[str]) -> None:
-        """Run the jobs a message carries; return once their outcomes are committed."""
+        """Run the single jobs a message carries and return once their outcomes are
+        committed; a batch's message only wakes the feeder, which claims its lines."""
         queue = (self.request.delivery_info or {}).get("routing_key")
+        if queue is not None and is_bulk(queue):
+            runtime.wake_batches()
+            return
         try:
-            runtime.run(job_ids, interactive=queue is None or not is_bulk(queue))
+            runtime.run(job_ids)
         except JobsReturned as exc:
             # Not acknowledged: the message goes back to Redis for another worker.
             raise Reject(exc.message, requeue=True) from exc

@@ -20,6 +20,10 @@ router = APIRouter(
 )
 
 
+# Weights past this would starve a tenant of weight 1 for hours behind a heavy one.
+WEIGHT_MAX = 1000
+
+
 class KeyPublic(BaseModel):
     object: str = "api_key"
     id: str
@@ -38,6 +42,10 @@ class KeyPublic(BaseModel):
     daily_tokens: int | None = Field(
         description="Quota: tokens a UTC day, used plus queued (null: none)."
     )
+    weight: int = Field(
+        description="Its tenant's share of batch work against other tenants' (the largest "
+        "weight of a tenant's live keys counts)."
+    )
 
     @classmethod
     def of(cls, key: ApiKey) -> KeyPublic:
@@ -53,6 +61,7 @@ class KeyPublic(BaseModel):
             tpm=key.tpm,
             max_queued_tokens=key.quota.max_queued_tokens,
             daily_tokens=key.quota.daily_tokens,
+            weight=key.weight,
         )
 
 
@@ -70,6 +79,12 @@ class KeyUpdate(BaseModel):
     tpm: int | None = Field(None, ge=0, le=INT32, description="0: unlimited; null: the default.")
     max_queued_tokens: int | None = Field(None, ge=0, le=INT64, description="0 or null: no quota.")
     daily_tokens: int | None = Field(None, ge=0, le=INT64, description="0 or null: no quota.")
+    weight: int = Field(
+        1,
+        ge=1,
+        le=WEIGHT_MAX,
+        description="Its tenant's share of batch work against other tenants' (default 1).",
+    )
 
 
 @router.get("", response_model=KeysPublic)

@@ -146,7 +146,11 @@ class JobPublisher:
         self._publish(job_ids, queue, INTERACTIVE_CHUNK_SIZE)
 
     def publish_bulk(self, job_ids: Sequence[str], *, queue: str) -> None:
-        self._publish(job_ids, queue, self._bulk_chunk_size)
+        """Wake the feeders of `queue`'s workers: batch lines are waiting. One message
+        however many lines (it names the first few, for Flower): the feeders claim lines
+        from Postgres, in the order work is shared (worker/feeder.py)."""
+        if job_ids:
+            self._send(list(job_ids[: self._bulk_chunk_size]), queue)
 
     def _publish(self, job_ids: Sequence[str], queue: str, size: int) -> None:
         # One producer (and its connection) for all the chunks, not one per message.

@@ -1,6 +1,5 @@
 """Job events over Redis pub/sub: "finished" wakes long-polls (and followers of a batch's
-output), "cancelled" reaches workers, "submitted" offers new single jobs to workers (see
-worker/admission.py).
+output), "cancelled" reaches workers.
 
 A job's end is published on a channel of its own, so Redis delivers it only to the API
 processes that have a request waiting on that job (they subscribe while it waits), not to
@@ -22,7 +21,6 @@ from inferq.constants import (
     BATCH_PROGRESS_CHANNEL,
     JOBS_CANCEL_CHANNEL,
     JOBS_DONE_CHANNEL,
-    JOBS_SUBMITTED_CHANNEL,
 )
 
 log = logging.getLogger(__name__)
@@ -40,11 +38,6 @@ def batch_progress_channel(key_prefix: str, batch_id: str) -> str:
 
 def cancel_channel(key_prefix: str) -> str:
     return key_prefix + JOBS_CANCEL_CHANNEL
-
-
-def submitted_channel(key_prefix: str, model: str) -> str:
-    """Where single jobs for the served model `model` are offered to its workers."""
-    return f"{key_prefix}{JOBS_SUBMITTED_CHANNEL}:{model}"
 
 
 def decode_ids(data: bytes | str) -> list[str]:
@@ -80,10 +73,6 @@ class JobEvents:
                 pipe.execute()
         except RedisError as exc:
             log.warning("could not announce %d finished jobs: %s", len(job_ids), exc)
-
-    def submitted(self, job_ids: Sequence[str], *, model: str) -> None:
-        """Offer single jobs, just published, to every worker of the served model `model`."""
-        self._publish(submitted_channel(self._key_prefix, model), job_ids)
 
     def cancelled(self, job_ids: Sequence[str]) -> None:
         """Tell every worker (one message for all) and wake whoever waits on each job."""

@@ -37,6 +37,8 @@ class ApiKey:
     rpm: int | None = None
     tpm: int | None = None
     quota: Quota = field(default_factory=Quota)
+    # Its tenant's share of batch work against other tenants' (inferq/domain/fair_share.py).
+    weight: int = 1
 
     @property
     def active(self) -> bool:

@@ -12,10 +12,13 @@ have to spare:
   The lines that end first are the batch's shortest (they started together with longer
   ones), so their share raises the expectation at once (theirs alone once 5% of the
   lines have ended) but lowers it only as the batch's lines end (by the share ended).
-- The work before it: every in-progress batch of the model created before it (batch lines
-  leave Redis first in, first out, whatever their priority; priority only orders what the
-  engine already holds), and single jobs, which always go first: their rate over the last
-  minute is taken from the rate the batch gets.
+- The work that shares the engine with it: batch lines are claimed fairly between
+  tenants (inferq/domain/fair_share.py), so every tenant with work in progress gets a
+  share of the rate by its weight, and runs its own batches one after another (priority,
+  then the window that closes first, then age); a tenant that finishes leaves its share
+  to the others. A batch ends when that sharing, run forward (`_shared_ends`), reaches
+  the end of its work. Single jobs always go first: their rate over the last minute is
+  taken from the rate batches get.
 - The rate: the sum of the model's workers' measured rates (a worker reports every few
   seconds over a window of two minutes, so the rate follows what shares the engine and
   the host; one silent for `LIVE_S` is gone). With none live (scaled to zero, or not yet
@@ -30,8 +33,9 @@ have to spare:
 
 The interval says how wrong the estimate may be: the rate may be off by `RATE_SHARE`
 either way (the earliest is the expected time less that share of it), and the lines may
-run to their `max_tokens` (the latest is the later of the expected time plus that share
-and every remaining line at its `max_tokens`).
+run to their `max_tokens` while the others' work all runs first (the latest is the later
+of the expected time plus that share and every remaining line at its `max_tokens` after
+everything that may go before it).
 """
 
 from __future__ import annotations
@@ -75,11 +79,14 @@ class EngineSpeed:
     interactive_tokens_per_s: float
     """What single jobs took of it over the last minute (tokens a second)."""
     reported_at: datetime
+    at_load: bool = True
+    """Whether `tokens_per_s` was measured with the engine at least half full (False: at
+    whatever load it had, one job's say, which is no measure of a batch's rate)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class BatchWork:
-    """A batch's work, whole and done, as its row counts it."""
+    """A batch's work, whole and done, as its row counts it, and its place in the share."""
 
     batch_id: str
     created_at: datetime
@@ -96,6 +103,16 @@ class BatchWork:
     """Prompt tokens of the lines that succeeded."""
     output_tokens: int
     """Tokens the lines that succeeded generated."""
+    tenant: str = ""
+    weight: float = 1.0
+    """Its tenant's weight in the share of batch work."""
+    priority: int = 0
+    expires_at: datetime | None = None
+
+    @property
+    def order(self) -> tuple[int, datetime, datetime, str]:
+        """Its place among its tenant's batches (`fair_share.WaitingBatch.order`)."""
+        return (self.priority, self.expires_at or self.created_at, self.created_at, self.batch_id)
 
     @property
     def remaining_lines(self) -> int:
@@ -115,9 +132,9 @@ class Estimate:
     output_tokens_max: int
     """Every line at its `max_tokens`: it cannot cost more."""
     tokens_per_s: float
-    """The rate it is expected to get."""
+    """The rate it is expected to get while it runs (its tenant's share)."""
     tokens_ahead: int
-    """Work queued before it (tokens), expected."""
+    """Other batches' work expected to run before it ends (tokens)."""
     made_at: datetime
 
     def to_dict(self) -> dict[str, Any]:
@@ -148,6 +165,8 @@ class ModelSpeed:
     output_fraction: float | None
     step_s: float | None
     workers: int
+    at_load: bool = True
+    """Whether any of the rates counted was measured with an engine at load."""
 
     @classmethod
     def of(cls, speeds: Sequence[EngineSpeed], *, now: datetime) -> ModelSpeed | None:
@@ -164,6 +183,7 @@ class ModelSpeed:
             output_fraction=sum(fractions) / len(fractions) if fractions else None,
             step_s=sum(steps) / len(steps) if steps else None,
             workers=len(live),
+            at_load=any(s.at_load for s in counted),
         )
 
     @property
@@ -176,14 +196,16 @@ class ModelSpeed:
 def estimate(
     work: BatchWork,
     *,
-    ahead: Sequence[BatchWork],
+    others: Sequence[BatchWork],
     speed: ModelSpeed | None,
     runner: str,
     now: datetime,
 ) -> Estimate | None:
-    """When `work` ends, with the batches in `ahead` run first at `speed`; None while
-    nothing has been measured (no worker has ever run its model)."""
-    if speed is None or speed.batch_tokens_per_s <= 0:
+    """When `work` ends, sharing the engine's rate at `speed` with `others` (the other
+    batches of its model in progress); None while nothing has been measured at load (no
+    worker of its model has run with its engine half full: a rate at lower load, one
+    job's say, would put a large batch at hours where it takes minutes)."""
+    if speed is None or not speed.at_load or speed.batch_tokens_per_s <= 0:
         return None
     generate = runner == GENERATE
     model_fraction = UNMEASURED_FRACTION
@@ -196,17 +218,24 @@ def estimate(
             return batch.prompt_tokens * batch.remaining_lines / max(batch.lines, 1)
         return _remaining_max_tokens(batch) * _fraction(batch, model_fraction=model_fraction)
 
-    tokens_ahead = sum(left(batch) for batch in ahead)
-    own = left(work)
-    worst_own = _remaining_max_tokens(work) if generate else own
     rate = speed.batch_tokens_per_s
+    everyone = [work, *(o for o in others if o.batch_id != work.batch_id)]
+    run = _shared_ends({b.batch_id: left(b) for b in everyone}, everyone, rate=rate)
+    own = left(work)
+    ends_s, own_rate = run[work.batch_id]
+    tokens_ahead = max(rate * ends_s - own, 0.0)
+    worst_own = _remaining_max_tokens(work) if generate else own
+    # At worst every other tenant's work, and its own tenant's batches before it, go first.
+    may_go_first = sum(
+        left(o) for o in everyone[1:] if o.tenant != work.tenant or o.order < work.order
+    )
     # Its last lines run with the engine emptying: a step a token, however few they are.
     tail_s = 0.0
     if generate and work.remaining_lines and speed.step_s is not None:
         longest = work.longest_tokens * _fraction(work, model_fraction=model_fraction)
         tail_s = longest * speed.step_s
-    expected_s = (tokens_ahead + own) / rate + tail_s
-    latest_s = (tokens_ahead + worst_own) / rate + work.longest_tokens * (
+    expected_s = ends_s + tail_s
+    latest_s = (may_go_first + worst_own) / rate + work.longest_tokens * (
         speed.step_s if generate and speed.step_s is not None else 0.0
     )
     return Estimate(
@@ -218,10 +247,44 @@ def estimate(
         output_tokens_max=work.output_tokens + round(_remaining_max_tokens(work))
         if generate
         else 0,
-        tokens_per_s=rate,
+        tokens_per_s=round(own_rate, 3),
         tokens_ahead=round(tokens_ahead),
         made_at=now,
     )
+
+
+def _shared_ends(
+    left: Mapping[str, float], batches: Sequence[BatchWork], *, rate: float
+) -> dict[str, tuple[float, float]]:
+    """Run the sharing forward: each tenant with work gets `rate` times its weight over
+    the weights of all with work, spent on its batches one after another. For each batch,
+    the seconds until it ends and the rate it got while it ran."""
+    queues: dict[str, list[BatchWork]] = {}
+    for batch in sorted(batches, key=lambda b: b.order):
+        queues.setdefault(batch.tenant, []).append(batch)
+    weights = {t: max(q[0].weight, 1e-9) for t, q in queues.items()}
+    remaining = dict(left)
+    began: dict[str, float] = {}
+    ends: dict[str, tuple[float, float]] = {}
+    clock = 0.0
+    while queues:
+        total = sum(weights[t] for t in queues)
+        shares = {t: rate * weights[t] / total for t in queues}
+        for queue in queues.values():
+            began.setdefault(queue[0].batch_id, clock)
+        step = min(remaining[q[0].batch_id] / shares[t] for t, q in queues.items())
+        clock += step
+        for tenant in list(queues):
+            queue = queues[tenant]
+            head = queue[0].batch_id
+            remaining[head] -= shares[tenant] * step
+            if remaining[head] <= 1e-9 * max(left[head], 1.0):
+                spent = clock - began[head]
+                ends[head] = (clock, left[head] / spent if spent > 0 else shares[tenant])
+                queue.pop(0)
+                if not queue:
+                    del queues[tenant]
+    return ends
 
 
 def _remaining_max_tokens(batch: BatchWork) -> float:

@@ -9,9 +9,8 @@ Redis, the paths the fault tests prove, and compose's restart policy or Kubernet
 a fresh one. Without this, a dead thread leaves a process that looks alive and does
 nothing: every task waiting on the result writer waits forever.
 
-    thread(self._run, name="result-writer")      # instead of threading.Thread
-    watch_future(pool.submit(...), name="offer")  # an executor's task
-    watch_task(asyncio.create_task(...))          # the API's long-lived tasks
+    thread(self._run, name="result-writer")  # instead of threading.Thread
+    watch_task(asyncio.create_task(...))      # the API's long-lived tasks
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -62,17 +60,6 @@ def thread(
     return threading.Thread(
         target=supervised(target, name=name), args=args, name=name, daemon=daemon
     )
-
-
-def watch_future(future: Future[Any], *, name: str) -> None:
-    """An executor's task under the rule: its exception is not left in a future nobody
-    reads. A task cancelled before it ran is not a failure."""
-
-    def check(done: Future[Any]) -> None:
-        if not done.cancelled() and (exc := done.exception()) is not None:
-            died(name, exc)
-
-    future.add_done_callback(check)
 
 
 def watch_task(task: asyncio.Task[Any]) -> asyncio.Task[Any]:

@@ -4,7 +4,10 @@ housekeeper). The arithmetic is `inferq.domain.estimates`."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+import dataclasses
+import threading
+import time
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from datetime import datetime
 
@@ -17,6 +20,10 @@ from inferq.wire.model_catalog import ModelSource
 
 # The rows of workers silent this long go (the newest of each model stays).
 FORGET_WORKERS_AFTER_S = 7 * 86400
+# A batch read between maintenance passes is estimated again from its progress so far,
+# at most this often (per API process), and only so many batches are remembered.
+FOLLOW_S = 5.0
+FOLLOWED_KEPT = 10_000
 
 
 class BatchEstimates:
@@ -32,6 +39,24 @@ class BatchEstimates:
         self._speeds = speeds
         self._models = models
         self._clock = clock
+        self._followed: OrderedDict[str, float] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def follow(self, batch_id: str) -> bool:
+        """Estimate a batch in progress again, from its lines ended so far, if that was
+        not done in the last `FOLLOW_S` here (a client polling it sees its progress, not
+        the last maintenance pass's view of it). True if it was."""
+        now = time.monotonic()
+        with self._lock:
+            last = self._followed.get(batch_id)
+            if last is not None and now - last < FOLLOW_S:
+                return False
+            self._followed[batch_id] = now
+            self._followed.move_to_end(batch_id)
+            while len(self._followed) > FOLLOWED_KEPT:
+                self._followed.popitem(last=False)
+        self.refresh(only=batch_id)
+        return True
 
     def refresh(self, *, only: str | None = None) -> dict[str, Estimate | None]:
         """Estimate the batches in progress again (or just `only`) and keep what comes
@@ -50,25 +75,22 @@ class BatchEstimates:
             speed = ModelSpeed.of(self._speeds.of_model(base), now=now)
             runner = served[base].runner if base in served else "generate"
             works = [item.work for item in items]
-            for place, item in enumerate(items):
+            for item in items:
                 if only is None or item.work.batch_id == only:
                     made[item.work.batch_id] = estimate(
-                        item.work,
-                        ahead=works[:place],
-                        speed=speed,
-                        runner=runner,
-                        now=now,
+                        item.work, others=works, speed=speed, runner=runner, now=now
                     )
         self._work.save_estimates(made)
         return made
 
     def of_new(self, work: BatchWork, *, model: str) -> Estimate | None:
-        """The estimate of a batch not created yet: after every batch in progress."""
+        """The estimate of a batch not created yet: sharing the engine with every batch
+        in progress, after those of its own tenant."""
         served = {served.name: served for served in self._models.all()}
         info = served.get(model)
         if info is None:
             return None
-        ahead = [
+        others = [
             item.work
             for item in self._work.in_progress()
             if (other := _served(item, served)) is not None and other.base == info.base
@@ -76,7 +98,8 @@ class BatchEstimates:
         now = self._clock()
         speed = ModelSpeed.of(self._speeds.of_model(info.base), now=now)
         base = served.get(info.base, info)
-        return estimate(work, ahead=ahead, speed=speed, runner=base.runner, now=now)
+        work = dataclasses.replace(work, weight=self._work.tenant_weight(work.tenant))
+        return estimate(work, others=others, speed=speed, runner=base.runner, now=now)
 
     def forget_gone_workers(self) -> int:
         return self._speeds.forget_gone(after_s=FORGET_WORKERS_AFTER_S)

@@ -12,7 +12,9 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from inferq.domain.batches import (
+    MAX_COMPLETION_WINDOW,
     Batch,
+    BatchStatus,
     FileEstimate,
     FilePurpose,
     LineError,
@@ -175,9 +177,13 @@ class BatchOperations:
             longest = max(longest, line_tokens)
         if errors or model is None:
             return FileEstimate(lines=lines, model=model, errors=tuple(errors), refused=refused)
+        now = datetime.now(UTC)
         work = BatchWork(
             batch_id="",
-            created_at=datetime.now(UTC),
+            created_at=now,
+            tenant=tenant,
+            # After every batch of its tenant in progress, as a batch created now would be.
+            expires_at=now + MAX_COMPLETION_WINDOW,
             lines=lines,
             ended=0,
             succeeded=0,
@@ -192,7 +198,12 @@ class BatchOperations:
         )
 
     def get(self, batch_id: str, *, scope: str | None) -> Batch:
-        return self.batches.get(batch_id, scope=scope)
+        """A batch; one in progress with its estimate made again from its progress if the
+        last was made more than a few seconds ago (`BatchEstimates.follow`)."""
+        batch = self.batches.get(batch_id, scope=scope)
+        if batch.status is BatchStatus.IN_PROGRESS and self._estimates.follow(batch.id):
+            batch = self.batches.get(batch_id, scope=scope)
+        return batch
 
     def page(self, *, scope: str | None, after: str | None, limit: int) -> Page[Batch]:
         return self.batches.page(scope=scope, after=after, limit=limit)

@@ -90,8 +90,6 @@ class JobOperations:
             except BrokerUnavailable as exc:
                 log.warning("%d jobs are stored but not yet published: %s", len(ids), exc.message)
                 self.store.mark_unpublished(ids)
-            else:
-                self._events.submitted(ids, model=model)
         for job in written:
             log.info("accepted job %s", job.id, extra={"job_id": job.id, "tenant": job.tenant})
         return [item for item in outcome if item is not None]

@@ -25,7 +25,8 @@ class WorkerSettings(BaseModel):
     bulk_chunk_size: int | None = Field(
         None,
         ge=1,
-        description="Batch-file jobs carried by one message; max_batch_size if unset.",
+        description="Batch lines a batch's wake-up message names, for Flower (the feeder "
+        "claims lines from Postgres); max_batch_size if unset.",
     )
     lease_s: int = Field(
         60, ge=3, description="A running job's lease; its worker renews it while alive."

@@ -15,6 +15,7 @@ from inferq.store.models import ApiKeyRow
 KEY_ID_PREFIX = "key_"
 _QUOTAS = ("max_queued_tokens", "daily_tokens")
 _LIMITS = ("rpm", "tpm", *_QUOTAS)
+_SETTINGS = (*_LIMITS, "weight")
 SHOWN_PREFIX_CHARS = 10
 
 
@@ -42,6 +43,7 @@ class KeyStore(Store):
             admin=admin,
             rpm=rpm,
             tpm=tpm,
+            weight=1,
             created_at=self._clock(),
             revoked_at=None,
         )
@@ -88,12 +90,14 @@ class KeyStore(Store):
             return _key_from_row(row)
 
     def update(self, key_id: str, **changes: int | None) -> ApiKey:
-        """Change a key's limits: `rpm`, `tpm`, `max_queued_tokens`, `daily_tokens`.
-        For a quota, 0 removes it; for a rate limit, 0 is unlimited and None the
-        deployment's default."""
-        unknown = set(changes) - set(_LIMITS)
+        """Change a key's limits: `rpm`, `tpm`, `max_queued_tokens`, `daily_tokens`, and
+        its tenant's `weight` in the share of batch work (1 or more). For a quota, 0
+        removes it; for a rate limit, 0 is unlimited and None the deployment's default."""
+        unknown = set(changes) - set(_SETTINGS)
         if unknown:
-            raise ValueError(f"not a key limit: {', '.join(sorted(unknown))}")
+            raise ValueError(f"not a key setting: {', '.join(sorted(unknown))}")
+        if "weight" in changes and (changes["weight"] is None or changes["weight"] < 1):
+            raise ValueError("a key's weight is 1 or more")
         with self._transaction() as session:
             row = session.get(ApiKeyRow, key_id, with_for_update=True)
             if row is None:
@@ -125,4 +129,5 @@ def _key_from_row(row: ApiKeyRow) -> ApiKey:
         rpm=row.rpm,
         tpm=row.tpm,
         quota=quota,
+        weight=row.weight if row.weight is not None else 1,
     )

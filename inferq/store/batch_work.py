@@ -6,12 +6,26 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import ColumnElement, func, select, update
+from sqlalchemy.orm import InstrumentedAttribute
 
 from inferq.domain.batches import BatchStatus
 from inferq.domain.estimates import BatchWork, Estimate
 from inferq.store.base import Store, as_utc
-from inferq.store.models import BatchRow
+from inferq.store.models import ApiKeyRow, BatchRow
+
+
+def tenant_weight(
+    tenant: ColumnElement[str] | InstrumentedAttribute[str] | str,
+) -> ColumnElement[int]:
+    """A tenant's weight in the share of batch work: the largest of its live keys' (1
+    without one; inferq/domain/fair_share.py)."""
+    return func.coalesce(
+        select(func.max(ApiKeyRow.weight))
+        .where(ApiKeyRow.tenant == tenant, ApiKeyRow.revoked_at.is_(None))
+        .scalar_subquery(),
+        1,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +52,10 @@ class BatchWorkStore(Store):
                 BatchRow.line_longest_tokens,
                 BatchRow.input_tokens,
                 BatchRow.output_tokens,
+                BatchRow.tenant,
+                BatchRow.priority,
+                BatchRow.expires_at,
+                tenant_weight(BatchRow.tenant).label("weight"),
             )
             .where(BatchRow.status == BatchStatus.IN_PROGRESS.value)
             .order_by(BatchRow.created_at, BatchRow.id)
@@ -57,10 +75,18 @@ class BatchWorkStore(Store):
                         longest_tokens=row.line_longest_tokens,
                         input_tokens=row.input_tokens,
                         output_tokens=row.output_tokens,
+                        tenant=row.tenant,
+                        weight=float(max(row.weight, 1)),
+                        priority=row.priority,
+                        expires_at=as_utc(row.expires_at),
                     ),
                 )
                 for row in session.execute(query)
             ]
+
+    def tenant_weight(self, tenant: str) -> float:
+        with self._transaction() as session:
+            return float(max(session.scalar(select(tenant_weight(tenant))) or 1, 1))
 
     def save_estimates(self, estimates: Mapping[str, Estimate | None]) -> None:
         """Write each batch's estimate (only while it is in progress: one that has just

@@ -28,11 +28,13 @@ class SpeedStore(Store):
     ) -> None:
         """Record what `worker` measured. What it could not measure this time (None: its
         engine was not full long enough, say) keeps the one it last reported, or, if it
-        never did, takes `fallback_tokens_per_s` (its rate at any load, which errs slow);
+        never did, takes `fallback_tokens_per_s` (its rate at any load, kept as not measured
+        at load: estimates wait for one that was);
         with neither, a worker that has never worked records nothing."""
         now = self._clock()
         with self._transaction() as session:
             row = session.get(EngineSpeedRow, worker)
+            at_load = tokens_per_s is not None or (row is not None and row.at_load)
             rate = tokens_per_s or (row.tokens_per_s if row else None) or fallback_tokens_per_s
             if rate is None:
                 return
@@ -40,6 +42,7 @@ class SpeedStore(Store):
                 row = EngineSpeedRow(worker=worker)
                 session.add(row)
             row.model, row.runner, row.tokens_per_s = model, runner, rate
+            row.at_load = at_load
             if output_fraction is not None:
                 row.output_fraction = output_fraction
             if step_s is not None:
@@ -60,6 +63,7 @@ class SpeedStore(Store):
                     step_s=row.step_s,
                     interactive_tokens_per_s=row.interactive_tokens_per_s,
                     reported_at=as_utc(row.reported_at),
+                    at_load=row.at_load,
                 )
                 for row in rows
             ]

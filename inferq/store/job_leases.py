@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import timedelta
 
-from sqlalchemy import and_, bindparam, func, or_, select, update
+from sqlalchemy import Connection, and_, bindparam, func, or_, select, update
 
 from inferq.domain.jobs import ClaimedJob, JobOutcome, JobStatus
 from inferq.store.batch_counts import batches_of_locked, count_finished
@@ -71,23 +71,32 @@ _FINISHING = (
 class JobLeases(OutboxStore):
     """Claims, leases and results of the jobs GPU workers run."""
 
-    def claim_jobs(self, job_ids: Sequence[str], *, worker: str, lease_s: int) -> list[ClaimedJob]:
+    def claim_jobs(
+        self,
+        job_ids: Sequence[str],
+        *,
+        worker: str,
+        lease_s: int,
+        within: Connection | None = None,
+    ) -> list[ClaimedJob]:
         """Take jobs for `worker`: queued ones, and running ones whose lease ran out.
 
         Jobs that are finished, cancelled or held under a live lease are skipped, which is
-        what makes a redelivered message harmless.
+        what makes a redelivered message harmless. `within`: the transaction of a claim
+        of batch lines (inferq/store/batch_claims.py), which chose them.
         """
         now = self._clock()
-        with self._connection() as connection:
-            rows = connection.execute(
-                _CLAIM,
-                {
-                    "ids": list(job_ids),
-                    "claim_now": now,
-                    "claim_worker": worker,
-                    "claim_lease_until": now + timedelta(seconds=lease_s),
-                },
-            ).all()
+        values = {
+            "ids": list(job_ids),
+            "claim_now": now,
+            "claim_worker": worker,
+            "claim_lease_until": now + timedelta(seconds=lease_s),
+        }
+        if within is not None:
+            rows = within.execute(_CLAIM, values).all()
+        else:
+            with self._connection() as connection:
+                rows = connection.execute(_CLAIM, values).all()
         by_id = {row.id: claimed_job(row, now) for row in rows}
         return [by_id[job_id] for job_id in job_ids if job_id in by_id]
 

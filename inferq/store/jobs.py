@@ -16,9 +16,9 @@ from inferq.domain.jobs import Job, JobSpec, JobStatus
 from inferq.domain.webhooks import WebhookRequest
 from inferq.exceptions import InferqError, InvalidState
 from inferq.store.base import Page, newest_first, scoped_row
+from inferq.store.batch_claims import BatchClaims
 from inferq.store.batch_counts import EndedLine, count_ended, lock_batches_of
 from inferq.store.idempotency import IdempotentRequest, record_response
-from inferq.store.job_leases import JobLeases
 from inferq.store.job_publishing import JobPublishing
 from inferq.store.job_rows import (
     ACTIVE,
@@ -80,10 +80,10 @@ def _over_quota(
     return refused
 
 
-class JobStore(JobLeases, JobPublishing):
+class JobStore(BatchClaims, JobPublishing):
     """Reads and writes jobs: submitted, read and cancelled here; claimed, renewed and
-    finished by GPU workers (`JobLeases`); published again by maintenance
-    (`JobPublishing`)."""
+    finished by GPU workers (`JobLeases`, and `BatchClaims` for batch lines); published
+    again by maintenance (`JobPublishing`)."""
 
     def ping(self) -> None:
         with self._transaction() as session:

@@ -202,6 +202,9 @@ class EngineSpeedRow(Base):
     output_fraction: Mapped[float | None] = mapped_column(Float)
     interactive_tokens_per_s: Mapped[float] = mapped_column(Float)
     reported_at: Mapped[datetime] = mapped_column(Timestamp)
+    # Whether `tokens_per_s` was measured with the engine at load (False: at whatever load
+    # it had, which says little of what a large batch gets).
+    at_load: Mapped[bool] = mapped_column(Boolean, default=True, server_default=text("true"))
 
 
 class ApiKeyRow(Base):
@@ -220,6 +223,31 @@ class ApiKeyRow(Base):
     # Quotas (None: none): tokens queued or running at once, and tokens a UTC day.
     max_queued_tokens: Mapped[int | None] = mapped_column(BigInteger)
     daily_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    # Its tenant's share of batch work against other tenants' (the largest of the
+    # tenant's live keys counts; inferq/domain/fair_share.py).
+    weight: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+
+
+class ShareClockRow(Base):
+    """Where the share of a queue's batch work has got to: the virtual time a tenant whose
+    batches start (or start again) joins at, so it gets no credit for time it was away.
+    Its row is locked while a worker claims, so claims of one queue take turns."""
+
+    __tablename__ = "share_clocks"
+
+    queue: Mapped[str] = mapped_column(Text, primary_key=True)
+    clock: Mapped[float] = mapped_column(Float)
+
+
+class ShareRow(Base):
+    """A tenant's place in the share of a queue's batch work: the virtual time its lines
+    claimed so far finish at (each line adds 1 / its weight)."""
+
+    __tablename__ = "shares"
+
+    queue: Mapped[str] = mapped_column(Text, primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
+    finish: Mapped[float] = mapped_column(Float)
 
 
 class IdempotencyKeyRow(Base):

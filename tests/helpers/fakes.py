@@ -193,6 +193,19 @@ class MemoryJobStore:
                     claimed.append(_claimed(job))
             return claimed
 
+    def claim_batch_lines(
+        self, *, queue: str, worker: str, lease_s: int, limit: int
+    ) -> list[ClaimedJob]:
+        """Queued batch lines in the order they were added (the SQL store's order between
+        tenants is tested on Postgres)."""
+        with self._call("claim_batch_lines"):
+            waiting = [
+                job.id
+                for job in self.jobs.values()
+                if job.batch_id is not None and job.status is JobStatus.QUEUED
+            ]
+        return self.claim_jobs(waiting[:limit], worker=worker, lease_s=lease_s)
+
     def renew_leases(self, job_ids: Sequence[str], *, worker: str, lease_s: int) -> set[str]:
         with self._call("renew_leases"):
             self.renewed.extend(job_ids)

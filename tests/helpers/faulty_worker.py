@@ -4,8 +4,8 @@
   it enters the engine (as a crash of the core would), each time it does, while the
   worker process itself lives on.
 - `INFERQ_TEST_RAISE_ONCE`: the first call of one piece raises an error nobody planned
-  for (`claim`: the claim of a task's jobs in Postgres; `announce`: the announcement of
-  committed results, inside the result writer's thread).
+  for (`claim`: the first claim of jobs in Postgres, a task's or the batch feeder's;
+  `announce`: the announcement of committed results, inside the result writer's thread).
 - `INFERQ_TEST_DIE_ON_SIGUSR1`: each SIGUSR1 makes the next announcement of committed
   results raise, inside the result writer's thread (the chaos run's thread death, sent
   from outside while the worker serves). Celery's own SIGUSR1 handler, which logs every

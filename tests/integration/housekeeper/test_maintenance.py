@@ -159,8 +159,10 @@ def test_after_redis_loses_everything_every_queued_job_is_published_again(
     assert report.redis_lost
     assert report.republished == 8
     assert sorted(j for m in harness.queued_messages() for j in m) == sorted(interactive)
-    assert [len(m) for m in harness.queued_messages(BULK_QUEUE)] == [2, 2, 1]
-    assert sorted(j for m in harness.queued_messages(BULK_QUEUE) for j in m) == sorted(bulk)
+    # Batch lines: one message wakes the model's feeders, which claim the lines from
+    # Postgres (it names the first of them, for Flower).
+    [wake_up] = harness.queued_messages(BULK_QUEUE)
+    assert wake_up and set(wake_up) <= set(bulk)
 
 
 def test_one_pass_at_a_time(harness: Harness) -> None:

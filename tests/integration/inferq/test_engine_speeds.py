@@ -47,7 +47,8 @@ def test_a_rate_not_measured_this_time_keeps_the_last_one(speeds: SpeedStore, cl
     assert speeds.of_model("m") == []  # a worker that never worked says nothing
     report(speeds, "w1", rate=None, fallback=40.0)
     [first] = speeds.of_model("m")
-    assert first.tokens_per_s == 40.0  # at any load, until measured full
+    assert first.tokens_per_s == 40.0  # at any load, until measured full ...
+    assert not first.at_load  # ... and said to be so: no estimate is made from it
     report(speeds, "w1", rate=900.0, fraction=0.4, step=0.01)
     clock.now += timedelta(seconds=5)
     report(speeds, "w1", rate=None, fallback=40.0, fraction=None, step=None)
@@ -55,6 +56,7 @@ def test_a_rate_not_measured_this_time_keeps_the_last_one(speeds: SpeedStore, cl
     assert (speed.tokens_per_s, speed.output_fraction, speed.step_s) == (900.0, 0.4, 0.01)
     assert speed.reported_at == clock.now
     assert speed.interactive_tokens_per_s == 3.0
+    assert speed.at_load
 
 
 def test_gone_workers_are_forgotten_but_the_newest_of_each_model(

@@ -19,20 +19,20 @@ pytestmark = pytest.mark.engine
 
 # The shared stack's worker runs 16 batch lines at once (INFERQ_MAX_NUM_SEQS), keeps
 # 16 / 8 = 2 more engine slots for single jobs, and holds 18 + 8 Celery messages at once;
-# a batch chunk is 8 lines (INFERQ_MAX_BATCH_SIZE).
+# its feeder claims up to 8 lines at a time (INFERQ_MAX_BATCH_SIZE).
 BATCH_SLOTS = 16
 MESSAGE_SLOTS = 26
 CHUNK_LINES = 8
 
 
-def test_a_single_job_gets_through_while_batch_chunks_hold_every_message_slot(
+def test_a_single_job_gets_through_while_a_batch_fills_the_worker(
     stack: Stack,
 ) -> None:
-    # More chunks of long lines than the worker has message slots: the job's own message
-    # waits behind them in Redis, so it gets in by the offer of its id (pub/sub), then
-    # into an engine slot kept for single jobs. (That it overtakes the lines in the engine
-    # is the admission queue's unit tests and the bench's priority step: a timing check
-    # here proved unreliable on two cores.)
+    # More long lines than the worker has message slots, and room at the gate: batch lines
+    # hold no message slot, so the job's message is taken at once, and it gets into an
+    # engine slot kept for single jobs. (That it overtakes the lines in the engine is the
+    # admission queue's unit tests and the bench's priority step: a timing check here
+    # proved unreliable on two cores.)
     with client_for(stack) as openai:
         _fill_and_submit(stack, openai)
 

@@ -4,6 +4,7 @@ before it."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -71,11 +72,11 @@ def seconds_to(when: datetime) -> float:
 def made(
     batch: BatchWork,
     *speeds: EngineSpeed,
-    ahead: tuple[BatchWork, ...] = (),
+    others: tuple[BatchWork, ...] = (),
     runner: str = "generate",
 ) -> Estimate:
     result = estimate(
-        batch, ahead=ahead, speed=ModelSpeed.of(speeds, now=NOW), runner=runner, now=NOW
+        batch, others=others, speed=ModelSpeed.of(speeds, now=NOW), runner=runner, now=NOW
     )
     assert result is not None
     return result
@@ -97,9 +98,35 @@ def test_a_new_batch_takes_its_expected_output_over_the_measured_rate() -> None:
     assert seconds_to(known.latest_at) == pytest.approx(12.5)
 
 
+def test_another_tenants_work_shares_the_rate_by_weight() -> None:
+    # 10,000 tokens of one tenant's beside 5,000 of another's: half the rate each until
+    # the smaller ends (10 s), then the rest alone (5 s more).
+    big, small = work("a", lines=200), dataclasses.replace(work("b"), tenant="other")
+    big = dataclasses.replace(big, tenant="one")
+    small_end = made(small, speed(), others=(big,))
+    assert seconds_to(small_end.completion_at) == pytest.approx(10.0)
+    assert small_end.tokens_per_s == pytest.approx(500)
+    assert small_end.tokens_ahead == 5000
+    assert seconds_to(made(big, speed(), others=(small,)).completion_at) == pytest.approx(15.0)
+    # At weight 3 the small one gets three quarters: it ends at 5,000 / 750 s.
+    heavy = dataclasses.replace(small, weight=3.0)
+    assert seconds_to(made(heavy, speed(), others=(big,)).completion_at) == pytest.approx(20 / 3)
+    assert seconds_to(made(big, speed(), others=(heavy,)).completion_at) == pytest.approx(15.0)
+    # At the latest, all of the other tenant's work goes first.
+    assert seconds_to(small_end.latest_at) == pytest.approx((10_000 + 10_000) / 1000)
+
+
+def test_within_a_tenant_priority_goes_first() -> None:
+    later = dataclasses.replace(work("a", lines=200), priority=9)
+    urgent = work("b")
+    result = made(urgent, speed(), others=(later,))
+    assert result.tokens_ahead == 0
+    assert seconds_to(result.completion_at) == pytest.approx(5.0)
+
+
 def test_the_work_queued_before_it_is_run_first() -> None:
     before = work("a", lines=200)
-    result = made(work(), speed(), ahead=(before,))
+    result = made(work(), speed(), others=(before,))
     assert result.tokens_ahead == 10_000
     assert seconds_to(result.completion_at) == pytest.approx(15.0)
 
@@ -158,7 +185,20 @@ def test_embeddings_are_counted_in_prompt_tokens() -> None:
 
 def test_no_estimate_before_any_worker_measured_the_model() -> None:
     assert ModelSpeed.of([], now=NOW) is None
-    assert estimate(work(), ahead=(), speed=None, runner="generate", now=NOW) is None
+    assert estimate(work(), others=(), speed=None, runner="generate", now=NOW) is None
+
+
+def test_no_estimate_from_a_rate_not_measured_at_load() -> None:
+    # A fresh worker had run one job: its rate then, as a batch's, said 3.6 hours for a
+    # batch that ran in two minutes. Confident and wrong is worse than none.
+    low = dataclasses.replace(speed(tokens_per_s=5), at_load=False)
+    assert (
+        estimate(work(), others=(), speed=ModelSpeed.of([low], now=NOW), runner="generate", now=NOW)
+        is None
+    )
+    # One worker measured at load is enough.
+    both = ModelSpeed.of([low, speed("w2")], now=NOW)
+    assert estimate(work(), others=(), speed=both, runner="generate", now=NOW) is not None
 
 
 def test_an_estimate_keeps_through_json() -> None:
@@ -185,7 +225,7 @@ def test_a_running_batch_behind_another_keeps_its_place_while_none_of_its_lines_
     for seconds, batch_ahead in zip((0, 15, 30, 45), ahead, strict=True):
         result = estimate(
             mine,
-            ahead=(batch_ahead,),
+            others=(batch_ahead,),
             speed=speeds,
             runner="generate",
             now=NOW + timedelta(seconds=seconds),

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 import pytest
 
 from inferq.domain.jobs import ClaimedJob
-from inferq.exceptions import StoreUnavailable
 from tests.helpers.fakes import MemoryJobStore
 from worker.capacity import CapacityGate
 from worker.claims import Claimer
@@ -30,15 +29,7 @@ def test_a_claim_that_raises_gives_back_the_room_it_took() -> None:
     gate = CapacityGate(8)
     ids = [f"job-{i}" for i in range(8)]  # as large as the whole gate
     with pytest.raises(RuntimeError, match="a bug"):
-        _claimer(FailingClaims(RuntimeError("a bug")), gate).take(ids, interactive=False)
+        _claimer(FailingClaims(RuntimeError("a bug")), gate).take(ids)
     assert gate.has_room
-    # Kept, that room would turn every later chunk away for the life of the process.
-    assert gate.acquire(8, interactive=False, timeout_s=0)
-
-
-def test_an_offered_claim_that_raises_or_finds_the_store_down_gives_back_its_room() -> None:
-    gate = CapacityGate(4)
-    with pytest.raises(RuntimeError):
-        _claimer(FailingClaims(RuntimeError("a bug")), gate).take_offered(["a", "b"])
-    assert _claimer(FailingClaims(StoreUnavailable("down")), gate).take_offered(["c"]) == []
-    assert gate.acquire(4, interactive=True, timeout_s=0)
+    # Kept, that room would turn every later job away for the life of the process.
+    assert gate.acquire(8, timeout_s=0)

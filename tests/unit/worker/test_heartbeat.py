@@ -129,7 +129,7 @@ def test_the_heartbeat_says_whether_the_worker_has_room_and_why_it_is_stuck(
     # Its one Celery thread holds a message whose job runs: no room, however idle the gate.
     watch.stuck = None
     store.add("a")
-    task = threading.Thread(target=runtime.run, args=(["a"],), kwargs={"interactive": True})
+    task = threading.Thread(target=runtime.run, args=(["a"],))
     task.start()
     try:
         wait_until(lambda: engine.admitted == ["a"], timeout_s=WAIT_S, what="in the engine")

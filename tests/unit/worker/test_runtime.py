@@ -1,6 +1,7 @@
 """The GPU runtime on an in-memory store and a fake engine: what a task relies on when it
 hands its jobs over (claimed, run and written before it returns; never run twice; stopped
-when cancelled; given back on shutdown), and the leases and offers behind it."""
+when cancelled; given back on shutdown), the leases behind it, and the feeder that brings
+batch lines in."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from worker.metrics import WorkerMetrics
 from worker.runtime import EngineRuntime
 
 ME = "gpu-1@test"
+QUEUE = "bulk:test"
 WAIT_S = 10
 
 
@@ -37,18 +39,14 @@ class _Announced:
 class Task:
     """A Celery task's call of `runtime.run`, in a thread of its own."""
 
-    def __init__(
-        self, runtime: EngineRuntime, job_ids: list[str], *, interactive: bool = False
-    ) -> None:
+    def __init__(self, runtime: EngineRuntime, job_ids: list[str]) -> None:
         self.returned: JobsReturned | None = None
-        self._thread = threading.Thread(
-            target=self._run, args=(runtime, job_ids, interactive), daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, args=(runtime, job_ids), daemon=True)
         self._thread.start()
 
-    def _run(self, runtime: EngineRuntime, job_ids: list[str], interactive: bool) -> None:
+    def _run(self, runtime: EngineRuntime, job_ids: list[str]) -> None:
         try:
-            runtime.run(job_ids, interactive=interactive)
+            runtime.run(job_ids)
         except JobsReturned as exc:
             self.returned = exc
 
@@ -88,6 +86,7 @@ def make_runtime() -> Iterator[MakeRuntime]:
         lease_s: int = 3600,
         events: _Announced | None = None,
         on_batch_lines_done: Callable[[set[str]], None] | None = None,
+        batch_queue: str | None = None,
     ) -> EngineRuntime:
         runtime = EngineRuntime(
             store=store,
@@ -108,6 +107,7 @@ def make_runtime() -> Iterator[MakeRuntime]:
             on_fatal=fatal.append,
             metrics=WorkerMetrics(CollectorRegistry()),
             on_batch_lines_done=on_batch_lines_done,
+            batch_queue=batch_queue,
         )
         runtime.start()
         made.append(runtime)
@@ -140,7 +140,7 @@ def test_a_task_returns_once_the_outcomes_of_its_jobs_are_written(
         assert store.status(job_id) is JobStatus.SUCCEEDED
     assert sorted(events.job_ids) == ["a", "b", "c"]
     assert runtime.held == 0
-    assert engine.requests["a"].priority == engine_priority(0, interactive=False)
+    assert engine.requests["a"].priority == engine_priority(0, interactive=True)
     minute = runtime.last_minute.total()
     assert (minute.jobs, minute.prompt_tokens, minute.generated_tokens) == (3, 9, 6)
 
@@ -260,7 +260,7 @@ def test_a_drain_gives_back_jobs_not_yet_in_the_engine_and_lets_running_ones_fin
     assert store.jobs["pending"].worker is None
     assert engine.admitted == ["running"]
     with pytest.raises(JobsReturned):
-        runtime.run(["late"], interactive=False)
+        runtime.run(["late"])
 
 
 class _SlowToAdd(StepEngine):
@@ -411,42 +411,108 @@ def test_a_claim_rides_out_a_store_outage(make_runtime: MakeRuntime) -> None:
     assert store.status("a") is JobStatus.SUCCEEDED
 
 
-def test_an_offered_single_job_is_taken_while_batch_chunks_wait_for_room(
+def test_the_feeder_brings_batch_lines_in_and_nobody_waits_on_them(
     make_runtime: MakeRuntime,
 ) -> None:
     store = MemoryJobStore()
-    for job_id in ("line-1", "line-2", "single"):
-        store.add(job_id)
+    lines = [f"line-{i}" for i in range(20)]
+    for job_id in lines:
+        store.add(job_id, batch_id="batch", priority=5)
+    runtime = make_runtime(store=store, engine=(engine := StepEngine()), batch_queue=QUEUE)
+
+    assert store.wait_for(lambda: all(store.status(j) is JobStatus.SUCCEEDED for j in lines))
+    assert wait_until(lambda: runtime.held == 0)
+    # In the order they were claimed, and all at one priority: the claim decided.
+    assert engine.admitted == lines
+    assert {r.priority for r in engine.requests.values()} == {engine_priority(0, interactive=False)}
+    # Lines that come later are found without a wake-up, and sooner with one.
+    store.add("late", batch_id="batch")
+    runtime.wake_batches()
+    assert store.wait_for(lambda: store.status("late") is JobStatus.SUCCEEDED)
+
+
+def test_a_single_job_gets_in_while_batch_lines_fill_the_worker(
+    make_runtime: MakeRuntime,
+) -> None:
+    store = MemoryJobStore()
+    for job_id in ("line-1", "line-2", "line-3"):
+        store.add(job_id, batch_id="batch")
+    store.add("single")
     engine = HeldEngine()
     runtime = make_runtime(
         store=store,
         engine=engine,
         max_num_seqs=1,
         interactive_seqs=1,
-        max_held_jobs=1,
+        max_held_jobs=2,
         interactive_held_jobs=1,
+        batch_queue=QUEUE,
     )
-    chunks = [Task(runtime, ["line-1"]), Task(runtime, ["line-2"])]
-    assert wait_until(lambda: engine.admitted == ["line-1"])
+    assert wait_until(lambda: engine.admitted == ["line-1"] and runtime.held == 2)
 
-    # Offered again until the second chunk is seen waiting at the gate; a repeated offer
-    # is harmless.
-    def offered() -> bool:
-        runtime.offer(["single"])
-        return store.wait_for(lambda: store.jobs["single"].claims > 0, timeout_s=0.05)
-
-    assert wait_until(offered)
+    single = Task(runtime, ["single"])
     assert wait_until(lambda: engine.admitted == ["line-1", "single"])
-    assert engine.requests["single"].priority == engine_priority(0, interactive=True)
-    # Its own message comes later and finds it taken.
-    message = Task(runtime, ["single"], interactive=True)
+    assert store.status("line-3") is JobStatus.QUEUED
     engine.go.set()
 
-    assert message.result() is None
-    assert [chunk.result() for chunk in chunks] == [None, None]
-    assert store.jobs["single"].claims == 1
-    assert engine.admitted.count("single") == 1
+    assert single.result() is None
+    assert store.wait_for(lambda: store.status("line-3") is JobStatus.SUCCEEDED)
     assert store.status("single") is JobStatus.SUCCEEDED
+
+
+class _ClaimRaisesOnce(MemoryJobStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.raised = False
+
+    def claim_batch_lines(
+        self, *, queue: str, worker: str, lease_s: int, limit: int
+    ) -> list[ClaimedJob]:
+        if not self.raised:
+            self.raised = True
+            raise RuntimeError("a bug")
+        return super().claim_batch_lines(queue=queue, worker=worker, lease_s=lease_s, limit=limit)
+
+
+def test_the_feeder_rides_out_a_store_outage_or_a_claim_that_raises(
+    make_runtime: MakeRuntime,
+) -> None:
+    store = MemoryJobStore()
+    store.add("line", batch_id="batch")
+    store.fail("claim_batch_lines", times=2)
+    make_runtime(store=store, engine=StepEngine(), batch_queue=QUEUE)
+    assert store.wait_for(lambda: store.status("line") is JobStatus.SUCCEEDED)
+
+    # The room its claim took comes back: all of it, or nothing would get in again.
+    raising = _ClaimRaisesOnce()
+    lines = [f"line-{i}" for i in range(16)]
+    for job_id in lines:
+        raising.add(job_id, batch_id="batch")
+    runtime = make_runtime(store=raising, engine=StepEngine(), batch_queue=QUEUE)
+    assert raising.wait_for(lambda: all(raising.status(j) is JobStatus.SUCCEEDED for j in lines))
+    assert raising.raised
+    assert wait_until(lambda: runtime.held == 0)
+
+
+def test_a_drain_gives_back_batch_lines_waiting_for_the_engine(make_runtime: MakeRuntime) -> None:
+    store = MemoryJobStore()
+    for job_id in ("line-1", "line-2", "line-3"):
+        store.add(job_id, batch_id="batch")
+    engine = HeldEngine()
+    runtime = make_runtime(store=store, engine=engine, max_num_seqs=1, batch_queue=QUEUE)
+    assert wait_until(lambda: engine.admitted == ["line-1"] and runtime.held == 3)
+
+    drain = threading.Thread(target=runtime.drain, args=(WAIT_S,), daemon=True)
+    drain.start()
+    assert store.wait_for(
+        lambda: all(store.status(j) is JobStatus.QUEUED for j in ("line-2", "line-3"))
+    )
+    engine.go.set()
+    drain.join(WAIT_S)
+    assert not drain.is_alive()
+    assert store.status("line-1") is JobStatus.SUCCEEDED
+    assert engine.admitted == ["line-1"]
+    assert runtime.held == 0
 
 
 def test_a_batch_is_checked_for_its_end_once_none_of_its_lines_is_held(
@@ -455,11 +521,10 @@ def test_a_batch_is_checked_for_its_end_once_none_of_its_lines_is_held(
     store = MemoryJobStore()
     store.add("line-1", batch_id="batch", max_tokens=1)
     store.add("line-2", batch_id="batch", max_tokens=3)
-    store.add("single")
     checked: list[set[str]] = []
-    runtime = make_runtime(store=store, engine=StepEngine(), on_batch_lines_done=checked.append)
+    make_runtime(
+        store=store, engine=StepEngine(), on_batch_lines_done=checked.append, batch_queue=QUEUE
+    )
 
-    assert Task(runtime, ["line-1", "line-2", "single"]).result() is None
-
-    # Asked after the tasks are woken, on the writer's thread.
+    # Asked once both are written, on the writer's thread.
     assert wait_until(lambda: checked == [{"batch"}])

@@ -1,0 +1,64 @@
+"""Who gets the engine's room for batch work next: weighted fair queuing between tenants.
+
+Single jobs never wait for this: they go first (worker/capacity.py). The room left for
+batch lines is shared between the tenants that have lines waiting, in proportion to
+their weights (an admin sets one per API key; a tenant's is the largest of its live
+keys', 1 by default). A tenant alone gets all of it.
+
+Each tenant has a virtual finish time: every line claimed for it adds 1 / its weight.
+The next line goes to the tenant whose finish time is earliest, so over any window two
+tenants with lines waiting get lines in the ratio of their weights. A tenant that had
+nothing waiting joins at the queue's clock, the earliest finish time among the tenants
+still waiting at the last claim, so time away earns it no credit. Within a tenant, its
+batches go in order of `priority` (lower first), then the one whose completion window
+closes first, then age; a batch's lines go in input order.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class WaitingBatch:
+    """A batch with lines waiting to be claimed."""
+
+    id: str
+    tenant: str
+    priority: int
+    expires_at: datetime
+    created_at: datetime
+
+    @property
+    def order(self) -> tuple[int, datetime, datetime, str]:
+        """Its place among its tenant's batches: priority, window's end, age."""
+        return (self.priority, self.expires_at, self.created_at, self.id)
+
+
+@dataclass(frozen=True)
+class Share:
+    """A tenant's weight, and the virtual time its claimed lines finish at."""
+
+    weight: float
+    finish: float
+
+
+def joined(finish: float | None, clock: float) -> float:
+    """A tenant's finish time as it competes now: no earlier than the queue's clock."""
+    return clock if finish is None else max(finish, clock)
+
+
+def split(shares: Mapping[str, Share], lines: int) -> dict[str, int]:
+    """How many of `lines` each tenant gets: one at a time to the earliest finish time
+    (ties to the tenant named first, so the split is the same wherever it is made)."""
+    heap = [(share.finish, tenant) for tenant, share in shares.items()]
+    heapq.heapify(heap)
+    counts: dict[str, int] = {}
+    for _ in range(lines if heap else 0):
+        finish, tenant = heapq.heappop(heap)
+        counts[tenant] = counts.get(tenant, 0) + 1
+        heapq.heappush(heap, (finish + 1 / shares[tenant].weight, tenant))
+    return counts

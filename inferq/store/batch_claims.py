@@ -1,0 +1,186 @@
+"""Claiming batch lines in the order work is shared (inferq/domain/fair_share.py): the
+GPU worker asks for as many lines as its engine has room for, and gets the next ones of
+each tenant in turn. `JobStore` has this call."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+from sqlalchemy import exists, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from inferq.domain.batches import BatchStatus
+from inferq.domain.fair_share import Share, WaitingBatch, joined, split
+from inferq.domain.jobs import ClaimedJob, JobStatus
+from inferq.store.base import as_utc
+from inferq.store.batch_work import tenant_weight
+from inferq.store.job_leases import JobLeases
+from inferq.store.models import BatchRow, JobRow, ShareClockRow, ShareRow
+
+_QUEUED = JobStatus.QUEUED.value
+
+
+class BatchClaims(JobLeases):
+    """Batch lines taken for a worker, fairly between tenants: chosen here, then claimed
+    by the one claim every job goes through (`JobLeases.claim_jobs`), in the same
+    transaction."""
+
+    def claim_batch_lines(
+        self, *, queue: str, worker: str, lease_s: int, limit: int
+    ) -> list[ClaimedJob]:
+        """Up to `limit` queued batch lines of `queue` for `worker`, shared between the
+        tenants that have lines waiting as their weights say; each batch's lines in input
+        order. Claims of one queue take turns (its clock row is locked meanwhile)."""
+        if limit <= 0:
+            return []
+        with self._transaction() as session:
+            clock = _locked_clock(session, queue)
+            waiting = _waiting_batches(session, queue)
+            if not waiting:
+                return []
+            tenants = sorted({batch.tenant for batch in waiting})
+            weights = _weights(session, tenants)
+            finishes = _finishes(session, queue, tenants)
+            started = {t: joined(finishes.get(t), clock) for t in tenants}
+            shares = {t: Share(weights.get(t, 1.0), started[t]) for t in tenants}
+            batches = {
+                t: sorted((b for b in waiting if b.tenant == t), key=lambda b: b.order)
+                for t in tenants
+            }
+            claimed: list[ClaimedJob] = []
+            # A tenant whose batches have fewer lines waiting than its share leaves the
+            # rest to the others.
+            while len(claimed) < limit and shares:
+                for tenant, count in split(shares, limit - len(claimed)).items():
+                    got = _claim_in_order(
+                        session,
+                        batches[tenant],
+                        count,
+                        queue=queue,
+                        claim=functools.partial(self.claim_jobs, worker=worker, lease_s=lease_s),
+                    )
+                    claimed += got
+                    share = shares.pop(tenant)
+                    if len(got) == count:
+                        shares[tenant] = Share(share.weight, share.finish + count / share.weight)
+                    finishes[tenant] = share.finish + len(got) / share.weight
+            # Where the share has got to: the earliest finish of the tenants still
+            # waiting (or, if none is, the latest of any), never earlier than before.
+            ahead = [share.finish for share in shares.values()] or [
+                f for f in finishes.values() if f is not None
+            ]
+            _save(
+                session,
+                queue,
+                clock=max(clock, min(ahead) if shares else max(ahead)),
+                finishes={t: finishes[t] for t in tenants if finishes.get(t) is not None},
+            )
+            return claimed
+
+
+def _locked_clock(session: Session, queue: str) -> float:
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    session.execute(
+        dialect.insert(ShareClockRow).values(queue=queue, clock=0.0).on_conflict_do_nothing()
+    )
+    return float(
+        session.scalar(
+            select(ShareClockRow.clock).where(ShareClockRow.queue == queue).with_for_update()
+        )
+        or 0.0
+    )
+
+
+def _waiting_batches(session: Session, queue: str) -> list[WaitingBatch]:
+    """Batches in progress with a line of `queue` still queued."""
+    line_waiting = exists().where(
+        JobRow.batch_id == BatchRow.id, JobRow.status == _QUEUED, JobRow.queue == queue
+    )
+    rows = session.execute(
+        select(
+            BatchRow.id,
+            BatchRow.tenant,
+            BatchRow.priority,
+            BatchRow.expires_at,
+            BatchRow.created_at,
+        ).where(BatchRow.status == BatchStatus.IN_PROGRESS.value, line_waiting)
+    ).all()
+    return [
+        WaitingBatch(
+            id=row.id,
+            tenant=row.tenant,
+            priority=row.priority,
+            expires_at=_utc(row.expires_at),
+            created_at=_utc(row.created_at),
+        )
+        for row in rows
+    ]
+
+
+def _weights(session: Session, tenants: Sequence[str]) -> dict[str, float]:
+    return {
+        tenant: float(max(session.scalar(select(tenant_weight(tenant))) or 1, 1))
+        for tenant in tenants
+    }
+
+
+def _finishes(session: Session, queue: str, tenants: Sequence[str]) -> dict[str, float | None]:
+    rows = session.execute(
+        select(ShareRow.tenant, ShareRow.finish).where(
+            ShareRow.queue == queue, ShareRow.tenant.in_(tenants)
+        )
+    ).all()
+    return {tenant: finish for tenant, finish in rows}
+
+
+def _claim_in_order(
+    session: Session,
+    batches: list[WaitingBatch],
+    count: int,
+    *,
+    queue: str,
+    claim: Callable[..., list[ClaimedJob]],
+) -> list[ClaimedJob]:
+    """Up to `count` lines of these batches (a tenant's, in its order), each batch's in
+    input order; a batch found with none left is dropped from `batches`."""
+    claimed: list[ClaimedJob] = []
+    while batches and len(claimed) < count:
+        ids = session.scalars(
+            select(JobRow.id)
+            .where(
+                JobRow.batch_id == batches[0].id,
+                JobRow.status == _QUEUED,
+                JobRow.queue == queue,
+            )
+            .order_by(JobRow.line)
+            .limit(count - len(claimed))
+            .with_for_update(skip_locked=True)
+        ).all()
+        if len(ids) < count - len(claimed):
+            batches.pop(0)
+        if ids:
+            claimed += claim(ids, within=session.connection())
+    return claimed
+
+
+def _save(session: Session, queue: str, *, clock: float, finishes: dict[str, float | None]) -> None:
+    session.execute(update(ShareClockRow).where(ShareClockRow.queue == queue).values(clock=clock))
+    rows = [{"queue": queue, "tenant": t, "finish": f} for t, f in sorted(finishes.items())]
+    if not rows:
+        return
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    statement = dialect.insert(ShareRow).values(rows)
+    session.execute(
+        statement.on_conflict_do_update(
+            index_elements=["queue", "tenant"], set_={"finish": statement.excluded.finish}
+        )
+    )
+
+
+def _utc(value: datetime) -> datetime:
+    converted = as_utc(value)
+    assert converted is not None
+    return converted

@@ -1,0 +1,157 @@
+"""Batch lines claimed in the order work is shared: fairly between tenants by weight, by
+priority, window and age within a tenant, each batch in input order. On Postgres and on
+SQLite (`inferq run`'s store)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import insert, update
+
+from inferq.domain.batches import BatchStatus
+from inferq.domain.jobs import JobSpec, SamplingParams
+from inferq.store.api_keys import KeyStore
+from inferq.store.engine import make_engine, make_sessions
+from inferq.store.job_rows import BatchPlace, new_job_row
+from inferq.store.jobs import JobStore
+from inferq.store.models import BatchRow, JobRow
+from tests.helpers.clock import Clock
+
+QUEUE = "bulk:tiny"
+SPEC = JobSpec(
+    model="tiny",
+    prompt="hi",
+    messages=None,
+    prompt_token_ids=[0, 5, 6],
+    sampling=SamplingParams(max_tokens=4),
+)
+
+
+class Batches:
+    """Batches written straight into the store, as batch creation writes them."""
+
+    def __init__(self, store: JobStore, keys: KeyStore, clock: Clock) -> None:
+        self.store = store
+        self.keys = keys
+        self.clock = clock
+        self._count = 0
+
+    def add(
+        self,
+        tenant: str,
+        lines: int,
+        *,
+        priority: int = 0,
+        window: timedelta = timedelta(hours=24),
+        queue: str = QUEUE,
+    ) -> str:
+        self._count += 1
+        batch_id = f"batch_{self._count:03d}_{tenant}"
+        now = self.clock()
+        rows = [
+            new_job_row(
+                SPEC,
+                tenant=tenant,
+                queue=queue,
+                now=now,
+                requeue_after_s=3600,
+                place=BatchPlace(batch_id, line, f"line-{line}", priority),
+            )
+            for line in range(lines)
+        ]
+        with self.store._transaction() as session:
+            session.add(
+                BatchRow(
+                    id=batch_id,
+                    tenant=tenant,
+                    endpoint="/v1/completions",
+                    input_file_id="file_x",
+                    completion_window="24h",
+                    status=BatchStatus.IN_PROGRESS.value,
+                    metadata_={},
+                    created_at=now,
+                    expires_at=now + window,
+                    priority=priority,
+                    request_total=lines,
+                )
+            )
+            session.execute(insert(JobRow), rows)
+        self.clock.now += timedelta(seconds=1)
+        return batch_id
+
+    def claim(self, limit: int, *, queue: str = QUEUE) -> list[tuple[str, int]]:
+        """(batch, line) of each line claimed."""
+        claimed = self.store.claim_batch_lines(queue=queue, worker="w", lease_s=60, limit=limit)
+        with self.store._transaction() as session:
+            lines = dict(
+                session.execute(
+                    JobRow.__table__.select()
+                    .with_only_columns(JobRow.id, JobRow.line)
+                    .where(JobRow.id.in_([job.id for job in claimed]))
+                ).all()
+            )
+        return [(str(job.batch_id), lines[job.id]) for job in claimed]
+
+    def tenants(self, claimed: list[tuple[str, int]]) -> Counter[str]:
+        return Counter(batch_id.rsplit("_", 1)[1] for batch_id, _ in claimed)
+
+
+@pytest.fixture
+def batches(store_url: str, clock: Clock) -> Iterator[Batches]:
+    engine = make_engine(store_url, pool_size=2)
+    sessions = make_sessions(engine)
+    yield Batches(JobStore(sessions, clock=clock), KeyStore(sessions, clock=clock), clock)
+    engine.dispose()
+
+
+def test_a_tenant_alone_gets_every_line_in_input_order(batches: Batches) -> None:
+    big = batches.add("a", 30)
+    claimed = batches.claim(20) + batches.claim(20)
+    assert claimed == [(big, line) for line in range(30)]
+    assert batches.claim(20) == []
+
+
+def test_a_later_tenant_shares_at_once_and_lines_keep_their_order(batches: Batches) -> None:
+    big = batches.add("a", 100)
+    assert batches.claim(10) == [(big, line) for line in range(10)]
+    small = batches.add("b", 10)
+    claimed = batches.claim(10)
+    # Half each, from the next claim on: A's 10 earlier lines earn B no credit either.
+    assert batches.tenants(claimed) == Counter({"a": 5, "b": 5})
+    claimed += batches.claim(20)
+    assert [line for batch, line in claimed if batch == small] == list(range(10))
+    # B has 5 left for the last claim: A gets the rest of it.
+    assert [line for batch, line in claimed if batch == big] == list(range(10, 30))
+
+
+def test_weights_set_the_shares(batches: Batches) -> None:
+    heavy, _ = batches.keys.create(name="heavy")
+    batches.keys.update(heavy.id, weight=3)
+    batches.add("light", 200)
+    batches.add("heavy", 200)
+    claimed = [line for _ in range(10) for line in batches.claim(8)]
+    assert batches.tenants(claimed) == Counter({"light": 20, "heavy": 60})
+
+
+def test_within_a_tenant_priority_then_the_closing_window_then_age(batches: Batches) -> None:
+    low = batches.add("a", 3, priority=9)
+    old = batches.add("a", 3, priority=0)
+    closing = batches.add("a", 3, priority=0, window=timedelta(hours=1))
+    claimed = [batch for batch, _ in batches.claim(9)]
+    assert claimed == [closing] * 3 + [old] * 3 + [low] * 3
+
+
+def test_only_the_queue_asked_for_and_only_queued_lines(batches: Batches) -> None:
+    mine = batches.add("a", 4)
+    batches.add("b", 4, queue="bulk:other")
+    assert batches.claim(2) == [(mine, 0), (mine, 1)]
+    with batches.store._transaction() as session:
+        session.execute(
+            update(JobRow)
+            .where(JobRow.batch_id == mine, JobRow.line == 2)
+            .values(status="cancelled")
+        )
+    assert batches.claim(10) == [(mine, 3)]

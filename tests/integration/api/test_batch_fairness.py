@@ -87,8 +87,8 @@ def test_weights_share_the_lines_between_tenants(stack: Stack) -> None:
         assert changed.status_code == 200, changed.text
         assert changed.json()["weight"] == 3
     light, heavy = client_for(stack, light_secret), client_for(stack, heavy_secret)
-    light_batch = _create(light, 400, tag="light")
-    heavy_batch = _create(heavy, 400, tag="heavy")
+    light_batch = _create(light, 300, tag="light")
+    heavy_batch = _create(heavy, 300, tag="heavy")
     assert wait_for(heavy, heavy_batch).status == "completed"
     assert wait_for(light, light_batch).status == "completed"
 

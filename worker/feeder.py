@@ -1,9 +1,10 @@
 """The feeder: the one door batch lines take into a worker.
 
-Whenever the capacity gate has room for a good part of a micro-batch, the feeder claims
-that many batch lines of its queue in Postgres, in the order work is shared between
-tenants (inferq/store/batch_claims.py), and hands them to the admission queue. Nobody
-waits on them: their results are committed by the writer, and their room given back.
+Whenever the capacity gate has room for half a micro-batch or more, the feeder claims as
+many batch lines of its queue in Postgres as there is room for, in the order work is
+shared between tenants (inferq/store/batch_claims.py), and hands them to the admission
+queue. Nobody waits on them: their results are committed by the writer, and their room
+given back.
 
 Postgres holds the lines, so nothing a feeder needs lives in Redis: a batch's Celery
 message only wakes it sooner (`wake`), and it looks again every `poll_s` regardless, so a
@@ -27,6 +28,10 @@ log = logging.getLogger(__name__)
 # How often an idle feeder looks for lines no message told it of.
 POLL_S = 1.0
 MAX_BACKOFF_S = 5.0
+# A claim takes whatever room the gate has (it never holds more than a full engine and a
+# micro-batch): fewer, larger claims keep up with an engine whose short lines end by the
+# dozen every step.
+ALL_THE_ROOM = 1 << 30
 # Claims in a row that may fail of an unexpected error before the feeder gives up (its
 # thread dies, so the worker exits to be restarted: inferq/host/supervision.py). One is
 # ridden out; one that fails every time would leave the lines waiting forever.
@@ -48,14 +53,13 @@ class BatchFeeder:
         on_claimed: Callable[[Sequence[ClaimedJob]], object],
         poll_s: float = POLL_S,
     ) -> None:
-        """`micro_batch`: the most lines a claim takes; one waits for room for half as
-        many, so claims stay few while the admission queue still holds lines."""
+        """A claim takes all the room there is, but waits for room for half a
+        `micro_batch`, so claims stay few while the admission queue still holds lines."""
         self._store = store
         self._gate = gate
         self._queue = queue
         self._worker_name = worker_name
         self._lease_s = lease_s
-        self._most = max(1, micro_batch)
         self._least = max(1, micro_batch // 2)
         self._on_claimed = on_claimed
         self._poll_s = poll_s
@@ -79,7 +83,7 @@ class BatchFeeder:
         backoff = 0.1
         failed = 0
         while not self._stopping.is_set():
-            room = self._gate.reserve(self._most, least=self._least)
+            room = self._gate.reserve(ALL_THE_ROOM, least=self._least)
             if not room:
                 self._gate.wait_for_room(self._least, timeout_s=self._poll_s)
                 continue

@@ -162,7 +162,8 @@ def test_after_redis_loses_everything_every_queued_job_is_published_again(
     # Batch lines: one message wakes the model's feeders, which claim the lines from
     # Postgres (it names the first of them, for Flower).
     [wake_up] = harness.queued_messages(BULK_QUEUE)
-    assert wake_up and set(wake_up) <= set(bulk)
+    assert wake_up
+    assert set(wake_up) <= set(bulk)
 
 
 def test_one_pass_at_a_time(harness: Harness) -> None:

@@ -1,6 +1,6 @@
-"""`inferq run` keeps the engine full while a batch's long lines straggle: the local run's
-threads stand in for the worker's Celery pool, each holding a chunk of lines until the last
-of them ends. On a fake engine whose steps take time, as a GPU's do; its own SQLite."""
+"""`inferq run` keeps the engine full while a batch's long lines straggle: its feeder, the
+worker's, claims lines as room frees, however long the lines before them run. On a fake
+engine whose steps take time, as a GPU's do; its own SQLite."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class PacedEngine(StepEngine):
 
 
 def _lengths() -> list[int]:
-    """One line in every chunk runs long: its chunk's thread waits on it alone."""
+    """One line in every 16 runs long (once, each chunk's thread waited on it alone)."""
     return [LONG if i % CHUNK == 0 else SHORT for i in range(LINES)]
 
 
@@ -80,7 +80,8 @@ def test_long_lines_do_not_starve_the_engine_of_the_lines_behind_them(
     finally:
         local.close()
     # A thread per chunk of a full engine, each waiting on its chunk's long line, took 3.4
-    # times the steps: the engine ran at a sixth of its sequences while lines waited; with
-    # the pool's threads it takes the ramp-up and a step or two of lag more (99 of 80 here).
+    # times the steps: the engine ran at a sixth of its sequences while lines waited. With
+    # the feeder it takes the ramp-up and a step or two of lag more; claims capped at a
+    # micro-batch (16 lines) fell behind 32 short lines ending a step on a loaded host.
     best = _steps_with_every_line_queued(_lengths(), MAX_NUM_SEQS)
     assert len(engine.batch_sizes) <= 1.5 * best, (len(engine.batch_sizes), best)

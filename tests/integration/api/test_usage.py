@@ -268,8 +268,11 @@ def test_only_an_admin_sets_quotas(stack: Stack) -> None:
     with stack.client(ADMIN_KEY) as http:
         listed = http.get("/v1/admin/keys").json()["data"]
         missing = http.patch("/v1/admin/keys/key_nope", json={"daily_tokens": 1})
+        weightless = http.patch(f"/v1/admin/keys/{key.id}", json={"weight": 0})
     assert key.id in {k["id"] for k in listed}
     assert missing.status_code == 404
+    assert weightless.status_code == 422
+    assert "weight" in weightless.text
 
 
 def _inferq(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
@@ -299,6 +302,10 @@ def test_inferq_usage_prints_a_table_and_csv_and_inferq_keys_sets_quotas(stack: 
     updated = _inferq(stack, "keys", "update", key.id, "--max-queued-tokens", "50")
     assert updated.returncode == 0, updated.stderr
     assert "max_queued_tokens=50" in updated.stdout
+    weighted = _inferq(stack, "keys", "update", key.id, "--weight", "4")
+    assert weighted.returncode == 0, weighted.stderr
+    assert "weight=4" in weighted.stdout
+    assert _inferq(stack, "keys", "update", key.id, "--weight", "0").returncode == 2
     with stack.client(secret) as http:
         over = http.post("/v1/jobs", json={"prompt": "x", "max_tokens": 60})
     assert over.status_code == 422  # more than the key can ever queue

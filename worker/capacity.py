@@ -48,10 +48,10 @@ class CapacityGate:
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._changed:
-            ticket = next(self._arrivals)
-            self._waiting.append(ticket)
+            turn = next(self._arrivals)
+            self._waiting.append(turn)
             try:
-                while not self._closed and not (self._waiting[0] == ticket and self._fits(count)):
+                while not self._closed and not (self._waiting[0] == turn and self._fits(count)):
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and (left <= 0 or not self._changed.wait(left)):
                         return False
@@ -62,7 +62,7 @@ class CapacityGate:
                 self._used += count
                 return True
             finally:
-                self._waiting.remove(ticket)
+                self._waiting.remove(turn)
                 # The next in line, or batch lines held back by this one, may get in now.
                 self._changed.notify_all()
 

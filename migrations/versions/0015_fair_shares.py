@@ -1,7 +1,7 @@
 """Batch work shared fairly between tenants: each API key's weight, and each tenant's
 place in the share of each model's batch work (inferq/domain/fair_share.py). And whether
-a worker's reported rate was measured with its engine at load (an estimate made from a
-rate at low load was confident and wrong: hours for a batch that took two minutes).
+a worker's reported rate was measured with its engine at load (a rate at low load says
+little of what a large batch gets, so no estimate is made from it).
 
 Revision ID: 0015
 Revises: 0014

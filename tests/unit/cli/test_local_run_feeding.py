@@ -32,7 +32,7 @@ class PacedEngine(StepEngine):
 
 
 def _lengths() -> list[int]:
-    """One line in every 16 runs long (once, each chunk's thread waited on it alone)."""
+    """One line in every 16 runs long."""
     return [LONG if i % CHUNK == 0 else SHORT for i in range(LINES)]
 
 
@@ -79,9 +79,7 @@ def test_long_lines_do_not_starve_the_engine_of_the_lines_behind_them(
         assert seen[-1].succeeded == LINES
     finally:
         local.close()
-    # A thread per chunk of a full engine, each waiting on its chunk's long line, took 3.4
-    # times the steps: the engine ran at a sixth of its sequences while lines waited. With
-    # the feeder it takes the ramp-up and a step or two of lag more; claims capped at a
-    # micro-batch (16 lines) fell behind 32 short lines ending a step on a loaded host.
+    # Lines held back behind long ones would leave the engine part empty while others
+    # wait; fed as room frees, it takes the ramp-up and a step or two of lag more.
     best = _steps_with_every_line_queued(_lengths(), MAX_NUM_SEQS)
     assert len(engine.batch_sizes) <= 1.5 * best, (len(engine.batch_sizes), best)

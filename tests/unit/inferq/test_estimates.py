@@ -189,8 +189,8 @@ def test_no_estimate_before_any_worker_measured_the_model() -> None:
 
 
 def test_no_estimate_from_a_rate_not_measured_at_load() -> None:
-    # A fresh worker had run one job: its rate then, as a batch's, said 3.6 hours for a
-    # batch that ran in two minutes. Confident and wrong is worse than none.
+    # A fresh worker's rate over one job says nothing of a large batch's: confident and
+    # wrong is worse than none.
     low = dataclasses.replace(speed(tokens_per_s=5), at_load=False)
     assert (
         estimate(work(), others=(), speed=ModelSpeed.of([low], now=NOW), runner="generate", now=NOW)

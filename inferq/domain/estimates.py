@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from inferq.domain.fair_share import batch_order
+
 # A worker that has not reported for this long is not counted (it reports every 5 s).
 LIVE_S = 60
 # Until this share of a batch's lines have ended, its expected output leans on what the
@@ -111,8 +113,13 @@ class BatchWork:
 
     @property
     def order(self) -> tuple[int, datetime, datetime, str]:
-        """Its place among its tenant's batches (`fair_share.WaitingBatch.order`)."""
-        return (self.priority, self.expires_at or self.created_at, self.created_at, self.batch_id)
+        """Its place among its tenant's batches, as its lines are claimed."""
+        return batch_order(
+            priority=self.priority,
+            expires_at=self.expires_at or self.created_at,
+            created_at=self.created_at,
+            batch_id=self.batch_id,
+        )
 
     @property
     def remaining_lines(self) -> int:

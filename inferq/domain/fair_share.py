@@ -22,20 +22,32 @@ from dataclasses import dataclass
 from datetime import datetime
 
 
+def batch_order(
+    *, priority: int, expires_at: datetime, created_at: datetime, batch_id: str
+) -> tuple[int, datetime, datetime, str]:
+    """A batch's place among its tenant's batches: priority, window's end, age."""
+    return (priority, expires_at, created_at, batch_id)
+
+
 @dataclass(frozen=True, kw_only=True)
 class WaitingBatch:
-    """A batch with lines waiting to be claimed."""
+    """A batch with lines waiting to be claimed, and its tenant's weight."""
 
     id: str
     tenant: str
+    weight: float
     priority: int
     expires_at: datetime
     created_at: datetime
 
     @property
     def order(self) -> tuple[int, datetime, datetime, str]:
-        """Its place among its tenant's batches: priority, window's end, age."""
-        return (self.priority, self.expires_at, self.created_at, self.id)
+        return batch_order(
+            priority=self.priority,
+            expires_at=self.expires_at,
+            created_at=self.created_at,
+            batch_id=self.id,
+        )
 
 
 @dataclass(frozen=True)

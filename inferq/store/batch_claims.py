@@ -37,20 +37,22 @@ class BatchClaims(JobLeases):
         if limit <= 0:
             return []
         with self._transaction() as session:
-            clock = _locked_clock(session, queue)
+            # Found before the clock is locked: an idle worker's look (every second) takes
+            # no lock and writes nothing. Lines another claim takes meanwhile are skipped.
             waiting = _waiting_batches(session, queue)
             if not waiting:
                 return []
+            clock = _locked_clock(session, queue)
             tenants = sorted({batch.tenant for batch in waiting})
-            weights = _weights(session, tenants)
+            weights = {batch.tenant: batch.weight for batch in waiting}
             finishes = _finishes(session, queue, tenants)
-            started = {t: joined(finishes.get(t), clock) for t in tenants}
-            shares = {t: Share(weights.get(t, 1.0), started[t]) for t in tenants}
+            shares = {t: Share(weights[t], joined(finishes.get(t), clock)) for t in tenants}
             batches = {
                 t: sorted((b for b in waiting if b.tenant == t), key=lambda b: b.order)
                 for t in tenants
             }
             claimed: list[ClaimedJob] = []
+            served: dict[str, float] = {}
             # A tenant whose batches have fewer lines waiting than its share leaves the
             # rest to the others.
             while len(claimed) < limit and shares:
@@ -66,18 +68,15 @@ class BatchClaims(JobLeases):
                     share = shares.pop(tenant)
                     if len(got) == count:
                         shares[tenant] = Share(share.weight, share.finish + count / share.weight)
-                    finishes[tenant] = share.finish + len(got) / share.weight
+                    if got:
+                        served[tenant] = share.finish + len(got) / share.weight
             # Where the share has got to: the earliest finish of the tenants still
-            # waiting (or, if none is, the latest of any), never earlier than before.
-            ahead = [share.finish for share in shares.values()] or [
-                f for f in finishes.values() if f is not None
-            ]
-            _save(
-                session,
-                queue,
-                clock=max(clock, min(ahead) if shares else max(ahead)),
-                finishes={t: finishes[t] for t in tenants if finishes.get(t) is not None},
-            )
+            # waiting (or, if none is, the latest of those served), never earlier than
+            # before.
+            ahead = [share.finish for share in shares.values()] or list(served.values())
+            if ahead:
+                clock = max(clock, min(ahead) if shares else max(ahead))
+            _save(session, queue, clock=clock, finishes=served)
             return claimed
 
 
@@ -103,6 +102,7 @@ def _waiting_batches(session: Session, queue: str) -> list[WaitingBatch]:
         select(
             BatchRow.id,
             BatchRow.tenant,
+            tenant_weight(BatchRow.tenant).label("weight"),
             BatchRow.priority,
             BatchRow.expires_at,
             BatchRow.created_at,
@@ -112,19 +112,13 @@ def _waiting_batches(session: Session, queue: str) -> list[WaitingBatch]:
         WaitingBatch(
             id=row.id,
             tenant=row.tenant,
+            weight=float(max(row.weight, 1)),
             priority=row.priority,
             expires_at=_utc(row.expires_at),
             created_at=_utc(row.created_at),
         )
         for row in rows
     ]
-
-
-def _weights(session: Session, tenants: Sequence[str]) -> dict[str, float]:
-    return {
-        tenant: float(max(session.scalar(select(tenant_weight(tenant))) or 1, 1))
-        for tenant in tenants
-    }
 
 
 def _finishes(session: Session, queue: str, tenants: Sequence[str]) -> dict[str, float | None]:
@@ -166,7 +160,7 @@ def _claim_in_order(
     return claimed
 
 
-def _save(session: Session, queue: str, *, clock: float, finishes: dict[str, float | None]) -> None:
+def _save(session: Session, queue: str, *, clock: float, finishes: dict[str, float]) -> None:
     session.execute(update(ShareClockRow).where(ShareClockRow.queue == queue).values(clock=clock))
     rows = [{"queue": queue, "tenant": t, "finish": f} for t, f in sorted(finishes.items())]
     if not rows:

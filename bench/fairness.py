@@ -39,7 +39,7 @@ SMALL_LINES = 40
 MAX_TOKENS = 32
 
 
-def _key(env: dict[str, str], name: str, weight: int = 1) -> str:
+def tenant_key(env: dict[str, str], name: str, weight: int = 1) -> str:
     """A new API key of its own tenant (the CLI, as an admin would), with `weight`."""
     run = {**os.environ, **env}
     made = subprocess.run(
@@ -173,9 +173,10 @@ def main() -> None:
         def client(secret: str) -> openai.OpenAI:
             return openai.OpenAI(base_url=running.url + "/v1", api_key=secret, timeout=600)
 
-        a, b = client(_key(running.env, "tenant-a")), client(_key(running.env, "tenant-b"))
-        light = client(_key(running.env, "tenant-l"))
-        heavy = client(_key(running.env, "tenant-h", weight=3))
+        a = client(tenant_key(running.env, "tenant-a"))
+        b = client(tenant_key(running.env, "tenant-b"))
+        light = client(tenant_key(running.env, "tenant-l"))
+        heavy = client(tenant_key(running.env, "tenant-h", weight=3))
         _until(a, _batch(a, workdir, "warm-up", 200), ended=True)
         figures["beside"] = small_beside_big(a, b, workdir, args.big_lines, name="beside")
         print("beside", figures["beside"], flush=True)

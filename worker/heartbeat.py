@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from datetime import UTC, datetime
 
 from redis.exceptions import RedisError
@@ -22,6 +23,10 @@ from worker.probes import State
 from worker.runtime import EngineRuntime
 
 log = logging.getLogger(__name__)
+
+# Until a rate measured at load is reported, a busy engine's is reported this often: a
+# fresh deployment's first batch has no estimate until that rate is in Postgres.
+FIRST_RATE_EVERY_S = 1.0
 
 
 class Heartbeat:
@@ -49,6 +54,7 @@ class Heartbeat:
         self._adapters = adapters
         self._gpus = gpus
         self._started_at = datetime.now(UTC).isoformat()
+        self._rate_reported = False
         self._stopping = threading.Event()
         self._thread = supervision.thread(self._run, name="heartbeat")
 
@@ -63,8 +69,15 @@ class Heartbeat:
             self._registry.leave(self._runtime.worker_name)
 
     def _run(self) -> None:
-        while not self._stopping.wait(HEARTBEAT_EVERY_S):
-            self._beat()
+        beat_at = time.monotonic()
+        while not self._stopping.wait(
+            HEARTBEAT_EVERY_S if self._rate_reported else FIRST_RATE_EVERY_S
+        ):
+            if time.monotonic() - beat_at >= HEARTBEAT_EVERY_S - FIRST_RATE_EVERY_S / 2:
+                beat_at = time.monotonic()
+                self._beat()
+            elif self._runtime.loop.sequences:
+                self._report_speed()
 
     def _beat(self) -> None:
         minute = self._runtime.last_minute.total()
@@ -107,3 +120,5 @@ class Heartbeat:
             )
         except StoreUnavailable as exc:
             log.warning("could not record the engine's speed: %s", exc.message)
+            return
+        self._rate_reported = self._rate_reported or reading.full_tokens_per_s is not None

@@ -30,8 +30,9 @@ FULL_SHARE = 0.5
 # Steps with at most this share of `max_num_seqs` (at least one sequence) give the step
 # time of a batch's last lines.
 LOW_SHARE = 0.1
-# Less than this much time at full load in the window is not a measurement.
-MIN_FULL_S = 5.0
+# Less than this much time at full load in the window is not a measurement (on a GPU
+# that is still dozens of steps of a full engine).
+MIN_FULL_S = 2.0
 # Fewer steps than this at low load is not a measurement.
 MIN_LOW_STEPS = 20
 

@@ -22,7 +22,7 @@ from inferq.wire.model_catalog import ModelSource
 FORGET_WORKERS_AFTER_S = 7 * 86400
 # A batch read between maintenance passes is estimated again from its progress so far,
 # at most this often (per API process), and only so many batches are remembered.
-FOLLOW_S = 5.0
+FOLLOW_S = 2.0
 FOLLOWED_KEPT = 10_000
 
 

@@ -1,7 +1,7 @@
-"""Does `inferq run` keep a GPU's engine full? Its runtime (the in-process queue, the
-capacity gate, the engine loop, the result writer on SQLite) against an engine paced like
-a GPU's: each step takes `--step-ms`, runs up to `--max-num-seqs` sequences one token
-further and keeps the rest waiting, as vLLM's scheduler does.
+"""Does `inferq run` keep a GPU's engine full? Its runtime (the door and its feeder, the
+engine loop, the result writer on SQLite) against an engine paced like a GPU's: each step
+takes `--step-ms`, runs up to `--max-num-seqs` sequences one token further and keeps the
+rest waiting, as vLLM's scheduler does.
 
     python -m bench.paced                       # the bench workload, 3,000 lines, 25 ms steps
     python -m bench.paced --requests 1000 --step-ms 10

@@ -1,13 +1,18 @@
-"""The feeder: the one door batch lines take into a worker.
+"""The feeder: the one thread that claims work for a worker, through its door
+(worker/door.py).
 
-Whenever the capacity gate has room for half a micro-batch or more, the feeder claims as
-many batch lines of its queue in Postgres as there is room for, in the order work is
-shared between tenants (inferq/store/batch_claims.py), and hands them to the admission
-queue. Nobody waits on them: their results are committed by the writer, and their room
-given back.
+It claims, in one transaction each time:
+1. the single jobs whose messages' tasks asked for them, oldest message first, as soon
+   as they fit (by id: their messages name them);
+2. then, whenever there is room for half a micro-batch or more and no single job is
+   asked for, as many batch lines of its queue as there is room for, in the order work
+   is shared between tenants (inferq/store/batch_claims.py).
 
-Postgres holds the lines, so nothing a feeder needs lives in Redis: a batch's Celery
-message only wakes it sooner (`wake`), and it looks again every `poll_s` regardless, so a
+What it claims goes to the admission queue (`on_claimed`). Single jobs asked for at once
+by many messages are claimed together, so a claim's cost is shared between them.
+
+Postgres holds the lines, so nothing the feeder needs for them lives in Redis: a batch's
+Celery message only wakes it sooner, and it looks again every `poll_s` regardless, so a
 message lost with Redis costs a moment, not a line.
 """
 
@@ -20,7 +25,7 @@ from collections.abc import Callable, Sequence
 from inferq.domain.jobs import ClaimedJob
 from inferq.exceptions import StoreUnavailable
 from inferq.host import supervision
-from worker.capacity import CapacityGate
+from worker.door import Asked, Door
 from worker.store import WorkerStore
 
 log = logging.getLogger(__name__)
@@ -28,91 +33,118 @@ log = logging.getLogger(__name__)
 # How often an idle feeder looks for lines no message told it of.
 POLL_S = 1.0
 MAX_BACKOFF_S = 5.0
-# A claim takes whatever room the gate has (it never holds more than a full engine and a
-# micro-batch): fewer, larger claims keep up with an engine whose short lines end by the
-# dozen every step.
+# A claim of lines takes whatever room the door has (a worker never holds more than a
+# full engine and a micro-batch): fewer, larger claims keep up with an engine whose short
+# lines end by the dozen every step.
 ALL_THE_ROOM = 1 << 30
 # Claims in a row that may fail of an unexpected error before the feeder gives up (its
 # thread dies, so the worker exits to be restarted: inferq/host/supervision.py). One is
-# ridden out; one that fails every time would leave the lines waiting forever.
+# ridden out; one that fails every time would leave the work waiting forever.
 MAX_FAILED_CLAIMS = 5
 
 
-class BatchFeeder:
-    """A thread that claims batch lines while the worker has room for them."""
+class Feeder:
+    """A thread that claims single jobs asked for, then batch lines, while there is room."""
 
     def __init__(
         self,
         *,
         store: WorkerStore,
-        gate: CapacityGate,
-        queue: str,
+        door: Door,
+        batch_queue: str | None,
         worker_name: str,
         lease_s: int,
         micro_batch: int,
-        on_claimed: Callable[[Sequence[ClaimedJob]], object],
+        on_claimed: Callable[[Sequence[ClaimedJob], bool], object],
         poll_s: float = POLL_S,
     ) -> None:
-        """A claim takes all the room there is, but waits for room for half a
-        `micro_batch`, so claims stay few while the admission queue still holds lines."""
+        """`batch_queue`: whose lines to claim (None: single jobs only). A claim of lines
+        takes all the room there is, but waits for room for half a `micro_batch`, so
+        claims stay few while the admission queue still holds lines. `on_claimed` hears
+        what was claimed, and whether it is single jobs."""
         self._store = store
-        self._gate = gate
-        self._queue = queue
+        self._door = door
+        self._batch_queue = batch_queue
         self._worker_name = worker_name
         self._lease_s = lease_s
         self._least = max(1, micro_batch // 2)
         self._on_claimed = on_claimed
         self._poll_s = poll_s
-        self._woken = threading.Event()
         self._stopping = threading.Event()
-        self._thread = supervision.thread(self._run, name="batch-feeder")
+        self._backoff = 0.1
+        self._failed = 0
+        self._thread = supervision.thread(self._run, name="feeder")
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
         self._stopping.set()
-        self._woken.set()
+        self._door.wake()
         self._thread.join(10)
 
-    def wake(self) -> None:
-        """Lines may be waiting: look now, not at the next poll."""
-        self._woken.set()
-
     def _run(self) -> None:
-        backoff = 0.1
-        failed = 0
         while not self._stopping.is_set():
-            room = self._gate.reserve(ALL_THE_ROOM, least=self._least)
+            if taken := self._door.take_asked():
+                self._claim_asked(taken)
+                continue
+            if self._batch_queue is None:
+                self._door.wait(self._poll_s)
+                continue
+            room = self._door.reserve(ALL_THE_ROOM, least=self._least)
             if not room:
-                self._gate.wait_for_room(self._least, timeout_s=self._poll_s)
+                self._door.wait(self._poll_s, room_for=self._least)
                 continue
-            self._woken.clear()
-            try:
-                claimed = self._store.claim_batch_lines(
-                    queue=self._queue,
-                    worker=self._worker_name,
-                    lease_s=self._lease_s,
-                    limit=room,
-                )
-            except Exception as exc:
-                # The room comes back (kept, it would be lost for the life of the process),
-                # and the claim is tried again: the lines wait in Postgres meanwhile.
-                self._gate.release(room)
-                if isinstance(exc, StoreUnavailable):
-                    log.warning("cannot claim batch lines yet (%s); retrying", exc)
-                else:
-                    failed += 1
-                    if failed >= MAX_FAILED_CLAIMS:
-                        raise
-                    log.exception("a claim of batch lines failed; retrying")
-                self._stopping.wait(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
-                continue
-            backoff, failed = 0.1, 0
-            self._gate.release(room - len(claimed))
-            if claimed:
-                self._on_claimed(claimed)
-            if len(claimed) < room:
-                # Nothing more waiting: until a message or the poll says otherwise.
-                self._woken.wait(self._poll_s)
+            if self._claim_lines(self._batch_queue, room) < room:
+                # Nothing more waiting: until a message, a single job or the poll.
+                self._door.wait(self._poll_s)
+
+    def _claim_asked(self, taken: list[Asked]) -> None:
+        ids = [job_id for asked in taken for job_id in asked.tickets]
+        try:
+            claimed = self._store.claim_jobs(ids, worker=self._worker_name, lease_s=self._lease_s)
+        except Exception as exc:
+            # Their messages are held meanwhile, and the jobs still queued.
+            self._door.put_back(taken)
+            if not self._ride_out(exc, f"{len(ids)} jobs"):
+                raise
+            return
+        self._claimed()
+        to_run, _ = self._door.hold(claimed, taken=taken)
+        if to_run:
+            self._on_claimed(to_run, True)
+
+    def _claim_lines(self, queue: str, room: int) -> int:
+        """Claim up to `room` lines; how many it got (0 if the claim failed)."""
+        try:
+            claimed = self._store.claim_batch_lines(
+                queue=queue, worker=self._worker_name, lease_s=self._lease_s, limit=room
+            )
+        except Exception as exc:
+            # The room comes back (kept, it would be lost for the life of the process),
+            # and the claim is tried again: the lines wait in Postgres meanwhile.
+            self._door.unreserve(room)
+            if not self._ride_out(exc, "batch lines"):
+                raise
+            return 0
+        self._claimed()
+        to_run, _ = self._door.hold(claimed, reserved=room)
+        if to_run:
+            self._on_claimed(to_run, False)
+        return len(claimed)
+
+    def _claimed(self) -> None:
+        self._backoff, self._failed = 0.1, 0
+
+    def _ride_out(self, exc: Exception, what: str) -> bool:
+        """After a failed claim: wait a while to try again (True), or give up (False)."""
+        if isinstance(exc, StoreUnavailable):
+            log.warning("cannot claim %s yet (%s); retrying", what, exc)
+        else:
+            self._failed += 1
+            if self._failed >= MAX_FAILED_CLAIMS:
+                return False
+            log.exception("a claim of %s failed; retrying", what)
+        self._stopping.wait(self._backoff)
+        self._backoff = min(self._backoff * 2, MAX_BACKOFF_S)
+        return True

@@ -2,7 +2,7 @@
 worker is alive and still has its jobs.
 
 A held job's lease is renewed, so maintenance does not hand it to another worker. A job
-whose task waits at the capacity gate is still queued, but its message is here: it is
+asked for at the door and not claimed yet is still queued, but its message is here: it is
 marked as published just now, so maintenance does not think the message lost and publish
 it again. A job whose lease cannot be renewed was cancelled, finished elsewhere or taken
 over; the keeper reports it lost and the runtime stops work on it (this also catches a

@@ -68,7 +68,7 @@ def _stall_watch(
     worker_name: str,
 ) -> StallWatch:
     """The worker's progress: messages taken, room for another (a free Celery thread and
-    room at the gate), and messages waiting in its model's queues."""
+    room at the door), and messages waiting in its model's queues."""
 
     def read() -> Progress:
         taken, room = runtime.progress(slots=settings.effective_worker_concurrency)

@@ -1,11 +1,10 @@
 """The GPU runtime: what a Celery task calls to run jobs, and the pieces behind it.
 
-A single job's task claims its job in Postgres (worker/claims.py), hands it to the
-admission queue and blocks on its ticket (worker/tickets.py) until the writer has
-committed its outcome; only then does Celery acknowledge the message. Batch lines come
-in through the feeder (worker/feeder.py), which claims them whenever there is room; a
-batch's message only wakes it. While jobs are held, the lease keeper (worker/leases.py)
-renews them.
+A single job's task asks for its job at the door (worker/door.py) and blocks on its
+ticket until the writer has committed its outcome; only then does Celery acknowledge the
+message. The feeder (worker/feeder.py) claims what was asked for, and batch lines
+whenever there is room, and hands them to the admission queue; a batch's message only
+wakes it. While jobs are held, the lease keeper (worker/leases.py) renews them.
 
 On shutdown the runtime drains: nothing new is admitted, jobs not yet in the engine go
 back to queued at once, jobs in the engine (or entering it, or being written) get
@@ -25,26 +24,25 @@ from datetime import UTC, datetime
 from inferq.broker.events import FinishedJobs
 from inferq.broker.token_stream import TokenEvent
 from inferq.domain.jobs import ClaimedJob, JobOutcome, engine_priority
-from inferq.exceptions import JobsReturned
+from inferq.exceptions import JobsReturned, StoreUnavailable
 from inferq.settings import Settings
 from worker.admission import AdmissionQueue
-from worker.capacity import CapacityGate
-from worker.claims import Claimer
+from worker.door import Door
 from worker.engine.factory import build_engine
 from worker.engine.protocol import Engine, EngineRequest
-from worker.feeder import BatchFeeder
+from worker.feeder import Feeder
 from worker.leases import LeaseKeeper
 from worker.loop import EngineLoop
 from worker.metrics import WorkerMetrics
 from worker.speedometer import Speedometer
 from worker.store import WorkerStore
 from worker.throughput import RollingMinute
-from worker.tickets import Ticket, Tickets
 from worker.writer import ResultWriter
 
 log = logging.getLogger(__name__)
 
 DRAIN_POLL_S = 0.1
+GIVE_BACK_ATTEMPTS = 5
 
 
 class EngineRuntime:
@@ -103,35 +101,25 @@ class EngineRuntime:
             max_engine_deaths=max_engine_deaths,
             on_tokens=on_tokens,
         )
-        self._tickets = Tickets()
-        self._gate = CapacityGate(max_held_jobs, interactive_extra=interactive_held_jobs)
-        self._claimer = Claimer(
-            store=store,
-            gate=self._gate,
-            worker_name=worker_name,
-            lease_s=lease_s,
-            requeue_after_s=requeue_after_s,
-        )
+        self._store = store
+        self._requeue_after_s = requeue_after_s
+        self._door = Door(max_held_jobs, interactive_extra=interactive_held_jobs)
         self._leases = LeaseKeeper(
             store=store,
             worker_name=worker_name,
             lease_s=lease_s,
-            held=self._tickets.ids,
-            waiting=self._claimer.waiting,
+            held=self._door.held_ids,
+            waiting=self._door.asked_ids,
             on_lost=self.cancel,
         )
-        self._feeder = (
-            None
-            if batch_queue is None
-            else BatchFeeder(
-                store=store,
-                gate=self._gate,
-                queue=batch_queue,
-                worker_name=worker_name,
-                lease_s=lease_s,
-                micro_batch=max_batch_size,
-                on_claimed=lambda claimed: self._admit(claimed, interactive=False),
-            )
+        self._feeder = Feeder(
+            store=store,
+            door=self._door,
+            batch_queue=batch_queue,
+            worker_name=worker_name,
+            lease_s=lease_s,
+            micro_batch=max_batch_size,
+            on_claimed=self._admit,
         )
         # Messages taken since start, and those whose tasks run now: the stall watch's
         # reading of progress (inferq/host/stall.py).
@@ -140,7 +128,7 @@ class EngineRuntime:
         self._counts = threading.Lock()
         self._stopping = threading.Event()
         self._draining = threading.Event()
-        metrics.jobs_held.set_function(lambda: len(self._tickets))
+        metrics.jobs_held.set_function(lambda: len(self._door))
 
     @classmethod
     def from_settings(
@@ -186,13 +174,11 @@ class EngineRuntime:
         self._writer.start()
         self.loop.start()
         self._leases.start()
-        if self._feeder is not None:
-            self._feeder.start()
+        self._feeder.start()
 
     def stop(self) -> None:
         self._stopping.set()
-        if self._feeder is not None:
-            self._feeder.stop()
+        self._feeder.stop()
         self._leases.stop()
         self.loop.stop()
         self._writer.stop()
@@ -200,18 +186,18 @@ class EngineRuntime:
     @property
     def held(self) -> int:
         """Jobs this worker holds: pending admission, in the engine, or being written."""
-        return len(self._tickets)
+        return len(self._door)
 
     def progress(self, *, slots: int) -> tuple[int, bool]:
         """Messages taken so far, and whether another would be taken now: one of the
-        `slots` Celery threads is free and the gate has room."""
+        `slots` Celery threads is free and the door has room."""
+        room = self._door.has_room
         with self._counts:
-            return self._taken, self._running < slots and self._gate.has_room
+            return self._taken, self._running < slots and room
 
     def wake_batches(self) -> None:
         """Batch lines may be waiting: the feeder looks for them now."""
-        if self._feeder is not None:
-            self._feeder.wake()
+        self._door.wake()
 
     def run(self, job_ids: Sequence[str]) -> None:
         """Run these single jobs and return once each has ended (written, skipped or
@@ -231,9 +217,7 @@ class EngineRuntime:
     def _run(self, job_ids: Sequence[str]) -> None:
         if self._draining.is_set():
             raise JobsReturned("the worker is shutting down")
-        known, fresh = self._tickets.split(job_ids)
-        claimed = self._claimer.take(fresh) if fresh else []
-        tickets = [*known, *self._admit(claimed, interactive=True)]
+        tickets = self._door.ask(job_ids)
         for ticket in tickets:
             ticket.done.wait()
         if any(ticket.returned for ticket in tickets):
@@ -241,7 +225,7 @@ class EngineRuntime:
 
     def cancel(self, job_ids: Sequence[str]) -> None:
         """Stop work on jobs that were cancelled (or taken by another worker)."""
-        if mine := self._tickets.cancel(job_ids):
+        if mine := self._door.cancel(job_ids):
             self.loop.abort(mine)
             self._release(mine)
 
@@ -252,7 +236,7 @@ class EngineRuntime:
         if self._draining.is_set():
             return
         self._draining.set()
-        self._gate.close()
+        self._door.close()
         self.loop.stop_admitting()
         pending = [r.job_id for r in self.admission.drain()]
         self._give_back(pending)
@@ -266,28 +250,23 @@ class EngineRuntime:
         # Not only the engine's jobs: the loop may be adding some that it took from the
         # admission queue, and finished ones wait for the writer (a job given back then
         # would run again elsewhere, its result here thrown away).
-        while self._tickets and (self.loop.busy or self._writer.pending):
+        while len(self._door) and (self.loop.busy or self._writer.pending):
             if time.monotonic() >= deadline:
-                left = self._tickets.ids()
+                left = self._door.held_ids()
                 log.warning("drain timeout: %d unfinished jobs go back to the queue", len(left))
                 self.loop.abort(left)
                 self._give_back(left)
                 return
             time.sleep(DRAIN_POLL_S)
         # Held but going nowhere: on probation (the loop admits nothing now), or claimed
-        # by a task that has not reached the admission queue (it gives them back too).
-        if left := self._tickets.ids():
+        # and not in the admission queue yet (`_admit` gives them back too).
+        if left := self._door.held_ids():
             log.info("drained: %d jobs not in the engine go back to the queue", len(left))
             self.loop.abort(left)
             self._give_back(left)
 
-    def _admit(self, claimed: Sequence[ClaimedJob], *, interactive: bool) -> list[Ticket]:
-        """Tickets for jobs just claimed, and the jobs into the admission queue."""
-        tickets = self._tickets.issue(claimed)
-        # A claim that committed just before a cancel returns after the cancel was heard;
-        # such a job must not run on until the next lease renewal notices.
-        cancelled = set(self._tickets.cancelled([job.id for job in claimed]))
-        admitted = [job for job in claimed if job.id not in cancelled]
+    def _admit(self, claimed: Sequence[ClaimedJob], interactive: bool) -> None:
+        """Jobs just claimed and held, into the admission queue."""
         self.admission.put(
             [
                 EngineRequest(
@@ -303,30 +282,28 @@ class EngineRuntime:
                     ),
                     stream=job.stream,
                 )
-                for job in admitted
+                for job in claimed
             ],
             interactive=interactive,
         )
-        # One cancelled between its ticket and the put was released, and may have missed
+        # One cancelled between its hold and the put was released, and may have missed
         # the abort that should have taken it out of the admission queue.
-        held = set(self._tickets.ids())
-        cancelled.update(job.id for job in admitted if job.id not in held)
-        if cancelled:
-            self.loop.abort(cancelled)
-            self._release(list(cancelled))
+        held = set(self._door.held_ids())
+        if gone := [job.id for job in claimed if job.id not in held]:
+            self.loop.abort(gone)
         if self._draining.is_set():  # the drain may have missed jobs claimed just now
             stranded = self.admission.remove({job.id for job in claimed})
             self._give_back([r.job_id for r in stranded])
-        return tickets
 
     def _committed(self, outcomes: Sequence[JobOutcome], written: Sequence[str]) -> None:
         now = datetime.now(UTC)
         done = set(written)
-        tickets = self._tickets.get([o.job_id for o in outcomes if o.job_id in done])
+        tickets = self._door.tickets([o.job_id for o in outcomes if o.job_id in done])
         batch_ids = {t.batch_id for t in tickets if t.batch_id is not None}
         self._events.finished(written, batch_ids=sorted(batch_ids))
         for ticket in tickets:
-            self._metrics.job_latency.observe((now - ticket.created_at).total_seconds())
+            if ticket.created_at is not None:
+                self._metrics.job_latency.observe((now - ticket.created_at).total_seconds())
         results = [o.result for o in outcomes if o.result is not None and o.job_id in done]
         self.last_minute.add(
             len(done),
@@ -341,21 +318,28 @@ class EngineRuntime:
         here (then they have not: it saves a query on every write)."""
         if not batch_ids or self._on_batch_lines_done is None:
             return
-        if ended := batch_ids - self._tickets.batch_ids():
+        if ended := batch_ids - self._door.batch_ids():
             try:
                 self._on_batch_lines_done(ended)
             except Exception:  # maintenance's sweep finalizes what this misses
                 log.warning("could not check batches %s for completion", ended, exc_info=True)
 
     def _release(self, job_ids: Sequence[str], *, returned: bool = False) -> None:
-        tickets = self._tickets.pop(job_ids)
-        self._gate.release(len(tickets))
-        for ticket in tickets:
-            ticket.end(returned=returned)
+        self._door.release(job_ids, returned=returned)
 
     def _give_back(self, job_ids: Sequence[str]) -> None:
         """Return unfinished jobs to queued in Postgres, then release their tasks."""
         if not job_ids:
             return
-        self._claimer.give_back(job_ids)
+        for attempt in range(GIVE_BACK_ATTEMPTS):
+            try:
+                self._store.release_jobs(
+                    job_ids, worker=self.worker_name, requeue_after_s=self._requeue_after_s
+                )
+                break
+            except StoreUnavailable as exc:
+                # Their leases will lapse and maintenance will publish them: still safe,
+                # only later.
+                log.warning("cannot give back %d jobs yet (%s)", len(job_ids), exc)
+                time.sleep(0.5 * (attempt + 1))
         self._release(job_ids, returned=True)

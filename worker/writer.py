@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 MAX_FLUSH = 512
 MAX_BACKOFF_S = 5.0
 BULK_WAIT_S = 0.25
-# Few enough that the jobs they hold back from the capacity gate are not missed.
+# Few enough that the jobs they hold back from the door are not missed.
 BULK_GATHER = 32
 
 

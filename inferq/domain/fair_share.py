@@ -1,6 +1,6 @@
 """Who gets the engine's room for batch work next: weighted fair queuing between tenants.
 
-Single jobs never wait for this: they go first (worker/capacity.py). The room left for
+Single jobs never wait for this: they go first (worker/door.py). The room left for
 batch lines is shared between the tenants that have lines waiting, in proportion to
 their weights (an admin sets one per API key; a tenant's is the largest of its live
 keys', 1 by default). A tenant alone gets all of it.

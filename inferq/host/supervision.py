@@ -3,7 +3,7 @@ an exception nobody planned for is logged with its traceback, and the process ex
 `EXIT_THREAD_DIED`.
 
 A thread is never restarted in its place: after an unexpected exception nothing proves
-that what it shared (held jobs, room at the gate, results half written) is consistent. A
+that what it shared (held jobs, room at the door, results half written) is consistent. A
 process that exits lets its leases lapse and its unacknowledged messages go back to
 Redis, the paths the fault tests prove, and compose's restart policy or Kubernetes starts
 a fresh one. Without this, a dead thread leaves a process that looks alive and does

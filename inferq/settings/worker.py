@@ -63,5 +63,5 @@ class WorkerSettings(BaseModel):
 
     @property
     def effective_bulk_chunk_size(self) -> int:
-        # A message is a micro-batch: the worker's gate holds a full engine plus one.
+        # A message is a micro-batch: the worker's door holds a full engine plus one.
         return self.bulk_chunk_size or self.max_batch_size

@@ -28,7 +28,7 @@ CHUNK_LINES = 8
 def test_a_single_job_gets_through_while_a_batch_fills_the_worker(
     stack: Stack,
 ) -> None:
-    # More long lines than the worker has message slots, and room at the gate: batch lines
+    # More long lines than the worker has message slots, and room at the door: batch lines
     # hold no message slot, so the job's message is taken at once, and it gets into an
     # engine slot kept for single jobs. (That it overtakes the lines in the engine is the
     # admission queue's unit tests and the bench's priority step: a timing check here

@@ -126,7 +126,7 @@ def test_the_heartbeat_says_whether_the_worker_has_room_and_why_it_is_stuck(
     status = beat(runtime, state, slots=1)
     assert (status.room, status.stuck) == (True, STUCK)
 
-    # Its one Celery thread holds a message whose job runs: no room, however idle the gate.
+    # Its one Celery thread holds a message whose job runs: no room, however idle the door.
     watch.stuck = None
     store.add("a")
     task = threading.Thread(target=runtime.run, args=(["a"],))

@@ -343,7 +343,7 @@ def test_a_drain_that_times_out_aborts_what_is_left_and_gives_it_back(
     runtime = make_runtime(store=store, engine=engine, max_held_jobs=1)
     running = Task(runtime, ["running"])
     assert wait_until(lambda: engine.admitted == ["running"])
-    # Its task waits at the gate (or has not reached it yet: the drain turns it away
+    # Its task waits at the door (or has not reached it yet: the drain turns it away
     # either way).
     waiting = Task(runtime, ["waiting"])
     # The first give-back fails: the runtime tries again.

@@ -1,0 +1,281 @@
+"""The door into the engine: the one count of the jobs a worker holds, and the order in
+which more come in (the whole path is told in worker/admission.py).
+
+A single job's Celery task asks for its jobs here and waits on their tickets; it claims
+nothing itself. The feeder (worker/feeder.py) is the only one that claims: first the single
+jobs asked for, oldest message first, then batch lines, as many as there is room for. A
+job is held from its claim until its outcome is committed, it is cancelled, or it goes
+back to the queue; then its ticket ends, which lets a task waiting on it return (and
+Celery acknowledge its message). Two messages that carry the same job (a redelivery) wait
+on one ticket, so the job runs once.
+
+Room: `limit` jobs held, the claims under way counted in. Batch lines get room only while
+no single job is asked for; single jobs may use `interactive_extra` places more, since the
+engine keeps slots for them that a worker full of batch lines must not keep them out of,
+and a message larger than the whole limit gets in when nothing is held.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from inferq.domain.jobs import ClaimedJob
+
+# How many recent cancels a worker remembers; a claim that raced one ends within
+# milliseconds, so this only needs to outlast a burst of cancels.
+REMEMBERED_CANCELS = 10_000
+
+
+class Ticket:
+    """A task's handle on one job: set when the job has ended here, one way or another."""
+
+    __slots__ = ("batch_id", "created_at", "done", "returned")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.returned = False
+        self.created_at: datetime | None = None
+        self.batch_id: str | None = None
+
+    def end(self, *, returned: bool) -> None:
+        """Wake the tasks waiting on this job; `returned`: it went back to the queue."""
+        self.returned = returned
+        self.done.set()
+
+
+@dataclass
+class Asked:
+    """A message's jobs, asked for and not claimed yet."""
+
+    tickets: dict[str, Ticket] = field(default_factory=dict)
+
+
+class Door:
+    """Held jobs by id, single jobs asked for, and the room between. Thread-safe."""
+
+    def __init__(self, limit: int, *, interactive_extra: int = 0) -> None:
+        self._limit = limit
+        self._interactive_extra = interactive_extra
+        self._held: dict[str, Ticket] = {}
+        self._asked: deque[Asked] = deque()
+        # Room taken by claims under way: counted as held until they return.
+        self._claiming = 0
+        # Jobs cancelled lately, held or not: a job claimed just before its cancel
+        # committed may be held after the cancel was heard (see `cancel`).
+        self._cancelled: OrderedDict[str, None] = OrderedDict()
+        self._closed = False
+        self._woken = False
+        self._changed = threading.Condition()
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    @property
+    def has_room(self) -> bool:
+        """Another message's job would be claimed now: the door is open (a draining
+        worker's is not), has room, and nothing asked for waits."""
+        with self._changed:
+            return not self._closed and self._used < self._limit and not self._asked
+
+    def held_ids(self) -> list[str]:
+        with self._changed:
+            return list(self._held)
+
+    def asked_ids(self) -> list[str]:
+        """Jobs asked for and not claimed yet (still queued, their messages here)."""
+        with self._changed:
+            return [job_id for asked in self._asked for job_id in asked.tickets]
+
+    def batch_ids(self) -> set[str | None]:
+        """The batches whose lines are held here (None for single jobs)."""
+        with self._changed:
+            return {t.batch_id for t in self._held.values()}
+
+    # A task's side.
+
+    def ask(self, job_ids: Sequence[str]) -> list[Ticket]:
+        """Tickets for a message's jobs: those held or asked for already (a redelivery)
+        share theirs; the others wait for the feeder to claim them. A closed door ends
+        them at once, as returned."""
+        with self._changed:
+            pending = {j: t for asked in self._asked for j, t in asked.tickets.items()}
+            fresh = Asked()
+            tickets = []
+            for job_id in job_ids:
+                ticket = self._held.get(job_id) or pending.get(job_id)
+                if ticket is None:
+                    ticket = fresh.tickets.setdefault(job_id, Ticket())
+                tickets.append(ticket)
+            if fresh.tickets:
+                if self._closed:
+                    for ticket in fresh.tickets.values():
+                        ticket.end(returned=True)
+                else:
+                    self._asked.append(fresh)
+                    self._changed.notify_all()
+            return tickets
+
+    # The feeder's side.
+
+    def take_asked(self) -> list[Asked]:
+        """The messages asked for that fit now, oldest first, their room taken."""
+        with self._changed:
+            taken: list[Asked] = []
+            while self._asked and self._fits(len(self._asked[0].tickets)):
+                asked = self._asked.popleft()
+                self._claiming += len(asked.tickets)
+                taken.append(asked)
+            return taken
+
+    def put_back(self, taken: Sequence[Asked]) -> None:
+        """A claim of these failed: first in line again, their room back."""
+        with self._changed:
+            self._claiming -= sum(len(asked.tickets) for asked in taken)
+            if self._closed:
+                for asked in taken:
+                    for ticket in asked.tickets.values():
+                        ticket.end(returned=True)
+            else:
+                self._asked.extendleft(reversed(taken))
+            self._changed.notify_all()
+
+    def reserve(self, most: int, *, least: int = 1) -> int:
+        """Room for batch lines, taken now: up to `most`, or none if less than `least`
+        (at most the whole limit) is free, a single job is asked for, or the door is
+        closed."""
+        with self._changed:
+            free = self._free()
+            if free < self._needed(least):
+                return 0
+            taken = min(most, free)
+            self._claiming += taken
+            return taken
+
+    def unreserve(self, count: int) -> None:
+        """Room reserved and not used."""
+        with self._changed:
+            self._claiming -= count
+            self._changed.notify_all()
+
+    def hold(
+        self, claimed: Sequence[ClaimedJob], *, taken: Sequence[Asked] = (), reserved: int = 0
+    ) -> tuple[list[ClaimedJob], list[str]]:
+        """Hold the jobs a claim got, with the room it took (`taken` messages, or
+        `reserved` places), which is given back where unused. Tickets of jobs asked for
+        and not claimed (held elsewhere, cancelled or ended) end now.
+
+        Returns the jobs to run, and those cancelled before they were held here (they
+        are not held: see `cancel`)."""
+        with self._changed:
+            self._claiming -= reserved + sum(len(asked.tickets) for asked in taken)
+            tickets = {j: t for asked in taken for j, t in asked.tickets.items()}
+            to_run: list[ClaimedJob] = []
+            cancelled: list[str] = []
+            for job in claimed:
+                if job.id in self._cancelled:
+                    del self._cancelled[job.id]
+                    cancelled.append(job.id)
+                    continue
+                ticket = tickets.pop(job.id, None) or Ticket()
+                ticket.created_at, ticket.batch_id = job.created_at, job.batch_id
+                self._held.setdefault(job.id, ticket)
+                to_run.append(job)
+            for job_id, ticket in tickets.items():
+                # Not claimed: a ticket already held (the same job in two messages
+                # claimed at once) stays; the others' tasks may return.
+                if self._held.get(job_id) is not ticket:
+                    ticket.end(returned=False)
+            self._changed.notify_all()
+            return to_run, cancelled
+
+    def wake(self) -> None:
+        """Batch lines may be waiting: the feeder looks now, not at its next poll."""
+        with self._changed:
+            self._woken = True
+            self._changed.notify_all()
+
+    def wait(self, timeout_s: float, *, room_for: int | None = None) -> bool:
+        """Wait until a message asked for fits, `wake` is called, or (with `room_for`)
+        that many places are free for batch lines; False if `timeout_s` passed first.
+        Clears the wake-up it returns on."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while not (
+                self._woken
+                or (self._asked and self._fits(len(self._asked[0].tickets)))
+                or (room_for is not None and self._free() >= self._needed(room_for))
+            ):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(left)
+            self._woken = False
+            return True
+
+    # Jobs ending.
+
+    def release(self, job_ids: Sequence[str], *, returned: bool = False) -> list[Ticket]:
+        """Stop holding these jobs and end their tickets; returns those that were held."""
+        with self._changed:
+            tickets = [t for t in (self._held.pop(j, None) for j in job_ids) if t is not None]
+            self._changed.notify_all()
+        for ticket in tickets:
+            ticket.end(returned=returned)
+        return tickets
+
+    def tickets(self, job_ids: Sequence[str]) -> list[Ticket]:
+        """The tickets of those of `job_ids` held here."""
+        with self._changed:
+            return [self._held[j] for j in job_ids if j in self._held]
+
+    def cancel(self, job_ids: Sequence[str]) -> list[str]:
+        """Those of `job_ids` held here; the others are remembered as cancelled, so that
+        a claim that raced the cancel does not hold them (`hold`)."""
+        with self._changed:
+            held = [j for j in job_ids if j in self._held]
+            for job_id in job_ids:
+                if job_id not in self._held:
+                    self._cancelled[job_id] = None
+            while len(self._cancelled) > REMEMBERED_CANCELS:
+                self._cancelled.popitem(last=False)
+            return held
+
+    def close(self) -> list[str]:
+        """Turn every message asked for away (at shutdown): their tickets end as
+        returned, their jobs still queued. Returns those jobs."""
+        with self._changed:
+            self._closed = True
+            turned = [ticket for asked in self._asked for ticket in asked.tickets.values()]
+            ids = self._asked_ids_locked()
+            self._asked.clear()
+            self._changed.notify_all()
+        for ticket in turned:
+            ticket.end(returned=True)
+        return ids
+
+    @property
+    def _used(self) -> int:
+        return len(self._held) + self._claiming
+
+    def _asked_ids_locked(self) -> list[str]:
+        return [job_id for asked in self._asked for job_id in asked.tickets]
+
+    def _needed(self, least: int) -> int:
+        """`least`, but never more than the whole limit (which would never be free)."""
+        return max(1, min(least, self._limit))
+
+    def _free(self) -> int:
+        """Places free for batch lines."""
+        if self._closed or self._asked:
+            return 0
+        return max(0, self._limit - self._used)
+
+    def _fits(self, count: int) -> bool:
+        if self._closed:
+            return False
+        return self._used + count <= self._limit + self._interactive_extra or self._used == 0

@@ -201,8 +201,7 @@ class Door:
 
     def wait(self, timeout_s: float, *, room_for: int | None = None) -> bool:
         """Wait until a message asked for fits, `wake` is called, or (with `room_for`)
-        that many places are free for batch lines; False if `timeout_s` passed first.
-        Clears the wake-up it returns on."""
+        that many places are free for batch lines; False if `timeout_s` passed first."""
         deadline = time.monotonic() + timeout_s
         with self._changed:
             while not (
@@ -214,8 +213,13 @@ class Door:
                 if left <= 0:
                     return False
                 self._changed.wait(left)
-            self._woken = False
             return True
+
+    def woken(self) -> bool:
+        """Whether `wake` was called since this was last asked."""
+        with self._changed:
+            woken, self._woken = self._woken, False
+            return woken
 
     # Jobs ending.
 

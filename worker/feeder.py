@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from inferq.domain.jobs import ClaimedJob
@@ -84,20 +85,29 @@ class Feeder:
         self._thread.join(10)
 
     def _run(self) -> None:
+        # Whether batch lines may be waiting: at start, after a wake-up, every `poll_s`,
+        # and while claims fill all the room. Otherwise claims of single jobs are not
+        # followed by a look for lines that are not there.
+        lines_waiting = self._batch_queue is not None
+        look_at = 0.0
         while not self._stopping.is_set():
             if taken := self._door.take_asked():
                 self._claim_asked(taken)
                 continue
-            if self._batch_queue is None:
-                self._door.wait(self._poll_s)
+            if self._door.woken() or time.monotonic() >= look_at:
+                lines_waiting = self._batch_queue is not None
+                look_at = time.monotonic() + self._poll_s
+            if not lines_waiting or self._batch_queue is None:
+                self._door.wait(max(0.0, look_at - time.monotonic()))
                 continue
             room = self._door.reserve(ALL_THE_ROOM, least=self._least)
             if not room:
                 self._door.wait(self._poll_s, room_for=self._least)
                 continue
-            if self._claim_lines(self._batch_queue, room) < room:
-                # Nothing more waiting: until a message, a single job or the poll.
-                self._door.wait(self._poll_s)
+            got = self._claim_lines(self._batch_queue, room)
+            # All the room filled: more may wait. Less (or a failed claim, None, which
+            # waited its back-off): until a message, a single job or the poll.
+            lines_waiting = got is None or got >= room
 
     def _claim_asked(self, taken: list[Asked]) -> None:
         ids = [job_id for asked in taken for job_id in asked.tickets]
@@ -114,8 +124,8 @@ class Feeder:
         if to_run:
             self._on_claimed(to_run, True)
 
-    def _claim_lines(self, queue: str, room: int) -> int:
-        """Claim up to `room` lines; how many it got (0 if the claim failed)."""
+    def _claim_lines(self, queue: str, room: int) -> int | None:
+        """Claim up to `room` lines; how many it got (None if the claim failed)."""
         try:
             claimed = self._store.claim_batch_lines(
                 queue=queue, worker=self._worker_name, lease_s=self._lease_s, limit=room
@@ -126,7 +136,7 @@ class Feeder:
             self._door.unreserve(room)
             if not self._ride_out(exc, "batch lines"):
                 raise
-            return 0
+            return None
         self._claimed()
         to_run, _ = self._door.hold(claimed, reserved=room)
         if to_run:

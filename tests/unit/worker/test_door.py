@@ -82,7 +82,9 @@ def test_the_feeder_is_woken_by_room_a_message_or_a_wake_up() -> None:
     assert _claim_all(door) == ["a"]
     door.wake()
     assert door.wait(0)
-    assert not door.wait(0)  # a wake-up is used once
+    assert door.woken()
+    assert not door.woken()  # a wake-up is heard once
+    assert not door.wait(0)
 
 
 def test_a_message_larger_than_the_door_gets_in_when_nothing_is_held() -> None:

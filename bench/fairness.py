@@ -62,9 +62,18 @@ def tenant_key(env: dict[str, str], name: str, weight: int = 1) -> str:
     return secret
 
 
-def _batch(client: openai.OpenAI, workdir: Path, name: str, lines: int, priority: int = 0) -> str:
+def submit_batch(
+    client: openai.OpenAI,
+    workdir: Path,
+    name: str,
+    lines: int,
+    *,
+    priority: int = 0,
+    max_tokens: int = MAX_TOKENS,
+) -> str:
+    """A batch of `lines` chat lines of `max_tokens` each, uploaded and created: its id."""
     requests = [
-        workload.Request(f"{name}-{i}", f"{name} item {i}: say something", MAX_TOKENS)
+        workload.Request(f"{name}-{i}", f"{name} item {i}: say something", max_tokens)
         for i in range(lines)
     ]
     path = workload.write_batch_file(requests, SERVED, workdir / f"{name}.jsonl")
@@ -112,10 +121,10 @@ def small_beside_big(
     name: str,
     big_priority: int = 0,
 ) -> dict[str, Any]:
-    big_id = _batch(big, workdir, f"{name}-big", lines, priority=big_priority)
+    big_id = submit_batch(big, workdir, f"{name}-big", lines, priority=big_priority)
     _until(big, big_id, ended=False)
     created = time.monotonic()
-    small_id = _batch(small, workdir, f"{name}-small", SMALL_LINES)
+    small_id = submit_batch(small, workdir, f"{name}-small", SMALL_LINES)
     ended = _until(small, small_id, ended=True)
     _, big_done = _done(big, big_id)
     big_ended = _until(big, big_id, ended=True)
@@ -134,8 +143,8 @@ def weights(
     light: openai.OpenAI, heavy: openai.OpenAI, workdir: Path, lines: int
 ) -> dict[str, Any]:
     ids = {
-        "light": _batch(light, workdir, "light", lines),
-        "heavy": _batch(heavy, workdir, "heavy", lines),
+        "light": submit_batch(light, workdir, "light", lines),
+        "heavy": submit_batch(heavy, workdir, "heavy", lines),
     }
     clients = {"light": light, "heavy": heavy}
     samples: list[dict[str, int]] = []
@@ -177,7 +186,7 @@ def main() -> None:
         b = client(tenant_key(running.env, "tenant-b"))
         light = client(tenant_key(running.env, "tenant-l"))
         heavy = client(tenant_key(running.env, "tenant-h", weight=3))
-        _until(a, _batch(a, workdir, "warm-up", 200), ended=True)
+        _until(a, submit_batch(a, workdir, "warm-up", 200), ended=True)
         figures["beside"] = small_beside_big(a, b, workdir, args.big_lines, name="beside")
         print("beside", figures["beside"], flush=True)
         figures["priority"] = small_beside_big(

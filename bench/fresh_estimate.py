@@ -27,10 +27,9 @@ from typing import Any
 import httpx
 import openai
 
-from bench import stack, workload
+from bench import stack
 from bench.compare import engine_args, inferq_env
-from bench.fairness import tenant_key
-from bench.peers import SERVED
+from bench.fairness import submit_batch, tenant_key
 
 POLL_S = 1.0
 
@@ -61,7 +60,8 @@ def main() -> None:
         )
         warm.raise_for_status()
         client = openai.OpenAI(base_url=running.url + "/v1", api_key=stack.ADMIN_KEY, timeout=600)
-        followed = [_Followed("first", _batch(client, workdir, "a", args.lines, args.max_tokens))]
+        first = submit_batch(client, workdir, "a", args.lines, max_tokens=args.max_tokens)
+        followed = [_Followed("first", first)]
         while not followed[0].read(client) and followed[0].samples[-1]["done"] == 0:
             time.sleep(POLL_S / 10)  # until its lines run
         if args.other_lines:
@@ -70,8 +70,8 @@ def main() -> None:
                 api_key=tenant_key(running.env, "tenant-b"),
                 timeout=600,
             )
-            batch_id = _batch(other, workdir, "b", args.other_lines, args.max_tokens)
-            followed.append(_Followed("other", batch_id, client=other))
+            second = submit_batch(other, workdir, "b", args.other_lines, max_tokens=args.max_tokens)
+            followed.append(_Followed("other", second, client=other))
         while not all([f.read(f.client or client) for f in followed]):
             time.sleep(POLL_S)
     figures = {
@@ -83,20 +83,6 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(figures, indent=2) + "\n")
     print(json.dumps(figures, indent=2))
-
-
-def _batch(client: openai.OpenAI, workdir: Path, name: str, lines: int, max_tokens: int) -> str:
-    requests = [
-        workload.Request(f"{name}-{i}", f"line {i}: tell me something", max_tokens)
-        for i in range(lines)
-    ]
-    path = workload.write_batch_file(requests, SERVED, workdir / f"{name}.jsonl")
-    with path.open("rb") as f:
-        uploaded = client.files.create(file=f, purpose="batch")
-    batch = client.batches.create(
-        input_file_id=uploaded.id, endpoint=workload.CHAT_URL, completion_window="24h"
-    )
-    return batch.id
 
 
 class _Followed:

@@ -4,6 +4,7 @@ whether it is stuck, read from its runtime and its probes' state."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -155,3 +156,50 @@ def test_a_heartbeat_from_an_earlier_release_still_reads() -> None:
     }
     status = WorkerStatus(**earlier)
     assert (status.room, status.stuck) == (False, None)
+
+
+class Speeds(SpeedStore):
+    """The speed reports, kept with when they came."""
+
+    def __init__(self) -> None:
+        self.reports: list[float] = []
+
+    def report(self, **_: object) -> None:
+        self.reports.append(time.monotonic())
+
+
+def test_a_busy_engine_with_no_rate_yet_is_reported_every_second(
+    runtime: EngineRuntime, store: MemoryJobStore, engine: HeldEngine
+) -> None:
+    """A fresh deployment's first batch has no estimate until a rate measured at load is
+    in Postgres: a busy worker that has none reports every second, not every 5 s; an idle
+    one does not."""
+    speeds = Speeds()
+    heartbeat = Heartbeat(
+        Beats(),
+        runtime=runtime,
+        model="m",
+        runner="generate",
+        adapters=[],
+        gpus=[],
+        speeds=speeds,
+        state=State(),
+        slots=1,
+    )
+    task = threading.Thread(target=runtime.run, args=(["a"],))
+    heartbeat.start()
+    try:
+        idle_until = time.monotonic() + 2.5
+        wait_until(lambda: time.monotonic() > idle_until, timeout_s=WAIT_S, what="idle")
+        assert len(speeds.reports) == 1  # the first beat's, at start
+        store.add("a")
+        task.start()
+        wait_until(lambda: engine.admitted == ["a"], timeout_s=WAIT_S, what="in the engine")
+        busy_at = time.monotonic()
+        wait_until(lambda: len(speeds.reports) >= 3, timeout_s=WAIT_S, what="two reports")
+        assert speeds.reports[2] - busy_at < 3.5  # two more within about 2 s, not 5
+    finally:
+        engine.go.set()
+        heartbeat.stop()
+        if task.is_alive():
+            task.join(WAIT_S)

@@ -9,13 +9,14 @@ checks quotas locks the keys' rows first (in id order), then reads.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Table, func, select
+from sqlalchemy import Insert, Table, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -49,13 +50,21 @@ def add_usage(session: Session, added: Mapping[UsageKey, Usage]) -> None:
     ]
     if not rows:
         return
-    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
-    statement = dialect.insert(_TABLE).values(rows)
-    statement = statement.on_conflict_do_update(
+    # Executed with its rows as parameters, the statement is compiled once a process; a
+    # statement with its rows in it was compiled at every flush (a fifth of its CPU).
+    session.connection().execute(_upsert(session.get_bind().dialect.name), rows)
+
+
+@functools.cache
+def _upsert(dialect_name: str) -> Insert:
+    """Add a row's counts to the row of its tenant, key, model and hour, or create it."""
+    dialect: Any = postgresql if dialect_name == "postgresql" else sqlite
+    statement = dialect.insert(_TABLE)
+    upsert: Insert = statement.on_conflict_do_update(
         index_elements=["tenant", "key_id", "model", "hour"],
         set_={name: _TABLE.c[name] + statement.excluded[name] for name in _COUNTS},
     )
-    session.execute(statement)
+    return upsert
 
 
 def ended_usage(

@@ -89,7 +89,12 @@ class Door:
     def asked_ids(self) -> list[str]:
         """Jobs asked for and not claimed yet (still queued, their messages here)."""
         with self._changed:
-            return [job_id for asked in self._asked for job_id in asked.tickets]
+            return list(self._pending())
+
+    def not_held(self, job_ids: Sequence[str]) -> list[str]:
+        """Those of `job_ids` not held here."""
+        with self._changed:
+            return [j for j in job_ids if j not in self._held]
 
     def batch_ids(self) -> set[str | None]:
         """The batches whose lines are held here (None for single jobs)."""
@@ -103,7 +108,7 @@ class Door:
         share theirs; the others wait for the feeder to claim them. A closed door ends
         them at once, as returned."""
         with self._changed:
-            pending = {j: t for asked in self._asked for j, t in asked.tickets.items()}
+            pending = self._pending()
             fresh = Asked()
             tickets = []
             for job_id in job_ids:
@@ -254,20 +259,20 @@ class Door:
         returned, their jobs still queued. Returns those jobs."""
         with self._changed:
             self._closed = True
-            turned = [ticket for asked in self._asked for ticket in asked.tickets.values()]
-            ids = self._asked_ids_locked()
+            turned = self._pending()
             self._asked.clear()
             self._changed.notify_all()
-        for ticket in turned:
+        for ticket in turned.values():
             ticket.end(returned=True)
-        return ids
+        return list(turned)
 
     @property
     def _used(self) -> int:
         return len(self._held) + self._claiming
 
-    def _asked_ids_locked(self) -> list[str]:
-        return [job_id for asked in self._asked for job_id in asked.tickets]
+    def _pending(self) -> dict[str, Ticket]:
+        """The tickets of the jobs asked for, by id, oldest message first (lock held)."""
+        return {j: t for asked in self._asked for j, t in asked.tickets.items()}
 
     def _needed(self, least: int) -> int:
         """`least`, but never more than the whole limit (which would never be free)."""

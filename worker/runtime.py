@@ -126,7 +126,6 @@ class EngineRuntime:
         self._taken = 0
         self._running = 0
         self._counts = threading.Lock()
-        self._stopping = threading.Event()
         self._draining = threading.Event()
         metrics.jobs_held.set_function(lambda: len(self._door))
 
@@ -177,7 +176,6 @@ class EngineRuntime:
         self._feeder.start()
 
     def stop(self) -> None:
-        self._stopping.set()
         self._feeder.stop()
         self._leases.stop()
         self.loop.stop()
@@ -288,8 +286,7 @@ class EngineRuntime:
         )
         # One cancelled between its hold and the put was released, and may have missed
         # the abort that should have taken it out of the admission queue.
-        held = set(self._door.held_ids())
-        if gone := [job.id for job in claimed if job.id not in held]:
+        if gone := self._door.not_held([job.id for job in claimed]):
             self.loop.abort(gone)
         if self._draining.is_set():  # the drain may have missed jobs claimed just now
             stranded = self.admission.remove({job.id for job in claimed})

@@ -46,11 +46,12 @@ from inferq.wire.model_catalog import ModelCatalog, RequestLimits
 
 class App:
     """One per process. `pool_size`: the database connections it keeps open (each thread
-    that talks to Postgres at once needs one)."""
+    that talks to Postgres at once needs one); `pre_ping`: see `make_engine`."""
 
-    def __init__(self, settings: Settings, *, pool_size: int = 10) -> None:
+    def __init__(self, settings: Settings, *, pool_size: int = 10, pre_ping: bool = True) -> None:
         self.settings = settings
         self._pool_size = pool_size
+        self._pre_ping = pre_ping
 
     def close(self) -> None:
         """Let go of the database connections (a process that ends need not call it)."""
@@ -61,7 +62,9 @@ class App:
 
     @cached_property
     def database(self) -> Engine:
-        return make_engine(self.settings.database_url, pool_size=self._pool_size)
+        return make_engine(
+            self.settings.database_url, pool_size=self._pool_size, pre_ping=self._pre_ping
+        )
 
     @cached_property
     def sessions(self) -> sessionmaker[Session]:

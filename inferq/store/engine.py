@@ -18,10 +18,19 @@ IDLE_IN_TRANSACTION_S = 15
 
 
 def make_engine(
-    database_url: str, *, pool_size: int = 10, idle_in_transaction_s: int = IDLE_IN_TRANSACTION_S
+    database_url: str,
+    *,
+    pool_size: int = 10,
+    idle_in_transaction_s: int = IDLE_IN_TRANSACTION_S,
+    pre_ping: bool = True,
 ) -> Engine:
-    """An engine whose pooled connections are checked before use, so a database restart
-    costs one failed attempt at most rather than a pool full of dead connections."""
+    """An engine whose pooled connections are checked before use (`pre_ping`), so a
+    database restart costs no failed attempt.
+
+    Without the check, the first use of a connection the restart broke fails
+    (`StoreUnavailable`) and the whole pool is renewed: one failed attempt a process. That
+    suits a process that retries every store call, the GPU worker, where the check was a
+    round trip in each of a job's two transactions (its claim and its result)."""
     if database_url.startswith("sqlite"):
         engine = create_engine(
             database_url,
@@ -35,7 +44,7 @@ def make_engine(
         database_url,
         pool_size=pool_size,
         max_overflow=pool_size,
-        pool_pre_ping=True,
+        pool_pre_ping=pre_ping,
         pool_recycle=1800,
         json_serializer=text_codec.dumps,
         json_deserializer=text_codec.loads,

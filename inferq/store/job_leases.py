@@ -95,7 +95,7 @@ class JobLeases(OutboxStore):
         if within is not None:
             rows = within.execute(_CLAIM, values).all()
         else:
-            with self._connection() as connection:
+            with self._statement() as connection:
                 rows = connection.execute(_CLAIM, values).all()
         by_id = {row.id: claimed_job(row, now) for row in rows}
         return [by_id[job_id] for job_id in job_ids if job_id in by_id]

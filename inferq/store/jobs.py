@@ -149,12 +149,12 @@ class JobStore(BatchClaims, JobPublishing):
 
     def ended_among(self, job_ids: Sequence[str]) -> set[str]:
         """Which of these jobs are no longer queued or running (or no longer exist)."""
-        with self._connection() as connection:
+        with self._statement() as connection:
             active = set(connection.scalars(ACTIVE_AMONG, {"ids": list(job_ids)}))
         return set(job_ids) - active
 
     def get_jobs(self, job_ids: Sequence[str]) -> list[Job]:
-        with self._connection() as connection:
+        with self._statement() as connection:
             rows = connection.execute(JOBS_BY_ID, {"ids": list(job_ids)})
             return [job_from_row(row) for row in rows]
 

@@ -102,6 +102,7 @@ class ModelCatalog:
         # Keyed by what makes a renderer, so adapters share their base's tokenizer.
         self._renderers: dict[tuple[str, int | None, str | None], PromptRenderer] = {}
         self._ready: dict[str, CatalogModel] = {}
+        self._unloadable: set[ServedModel] = set()  # warmed in vain: not tried again
 
     def models(self) -> list[ServedModel]:
         """Every registered model, by name."""
@@ -109,14 +110,21 @@ class ModelCatalog:
         return sorted(self._models.values(), key=lambda m: m.name)
 
     def warm(self) -> None:
-        """Load every registered model's tokenizer now (at start-up), so no request waits
-        for one; a model whose tokenizer cannot be loaded here is left for its first
-        request, which then says why."""
+        """Load the tokenizer of every registered model not loaded yet, so no request
+        waits for one. The API calls it at start-up and every `REFRESH_S` after: a model
+        registered later (a worker announces its model as it starts) is loaded before its
+        first request rather than by it (3.6 s of a fresh deployment's first batch file on
+        the bench model, bench/RESULTS.md). A model whose tokenizer cannot be loaded is said
+        once here and left for its first request, which then says why."""
         self._refresh(force=False)
         for info in list(self._models.values()):
+            ready = self._ready.get(info.name)
+            if (ready is not None and ready.info == info) or info in self._unloadable:
+                continue
             try:
                 self._prepare(info)
             except ModelUnavailable as exc:  # said now, and to its first request
+                self._unloadable.add(info)
                 log.warning("%s", exc.message)
 
     def cached(self, name: str | None, *, runner: Runner = "generate") -> CatalogModel | None:

@@ -178,6 +178,7 @@ class ModelCatalog:
         with self._lock:  # one load per tokenizer, however many ask at once
             renderer = self._renderers.get(key)
             if renderer is None:
+                started = time.monotonic()
                 try:
                     renderer = self._renderers[key] = self._load(info)
                 except Exception as exc:  # whatever transformers raises, said in one line
@@ -187,6 +188,12 @@ class ModelCatalog:
                         f"on this API host: {reason}; the API needs the same model files "
                         "(or Hugging Face access) as the model's workers"
                     ) from exc
+                log.info(
+                    "loaded the tokenizer of model %r (%s) in %.1f s",
+                    info.name,
+                    info.tokenizer,
+                    time.monotonic() - started,
+                )
             limits = self._limits
             ready = CatalogModel(
                 info=info,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -47,11 +46,9 @@ from api.urlcheck import RefuseNulInUrl
 from api.waiter import RECHECK_S, JobWaiter
 from inferq import __version__
 from inferq.app import App
-from inferq.exceptions import StoreUnavailable
 from inferq.settings import Settings
 from inferq.store.api_keys import KeyStore
 from inferq.store.migrate import check_schema
-from inferq.wire.model_catalog import REFRESH_S, ModelCatalog
 
 log = logging.getLogger(__name__)
 
@@ -110,19 +107,6 @@ def _prepare_keys(settings: Settings, keys: KeyStore) -> None:
         )
 
 
-async def _keep_warm(catalog: ModelCatalog) -> None:
-    """Load the tokenizer of each model registered after start-up before its first
-    request comes (`ModelCatalog.warm`), for as long as the API runs."""
-    while True:
-        await asyncio.sleep(REFRESH_S)
-        try:
-            await asyncio.to_thread(catalog.warm)
-        except StoreUnavailable as exc:  # the next pass (or the first request) tries again
-            log.warning("cannot look for newly registered models: %s", exc)
-        except Exception:  # the loop must live on: a request loads what this misses
-            log.exception("looking for newly registered models failed")
-
-
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
 
@@ -132,10 +116,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         inferq = App(settings)
         services = build_services(inferq)
         _prepare_keys(settings, inferq.keys)
-        # Every registered model's tokenizer, before the first request needs it; then
-        # those of models registered later.
+        # Every registered model's tokenizer, before the first request needs it.
         inferq.catalog.warm()
-        warming = asyncio.create_task(_keep_warm(inferq.catalog))
         app.state.services = services
         metrics.registry.register(QueueCollector(inferq.queues, inferq.workers, inferq.catalog))
         metrics.registry.register(StalledJobsCollector(inferq.stalled_jobs))
@@ -145,7 +127,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
-            warming.cancel()
             await services.stream_reader.stop()
             await services.waiter.stop()
 

@@ -102,7 +102,6 @@ class ModelCatalog:
         # Keyed by what makes a renderer, so adapters share their base's tokenizer.
         self._renderers: dict[tuple[str, int | None, str | None], PromptRenderer] = {}
         self._ready: dict[str, CatalogModel] = {}
-        self._unloadable: set[ServedModel] = set()  # warmed in vain: not tried again
 
     def models(self) -> list[ServedModel]:
         """Every registered model, by name."""
@@ -110,21 +109,14 @@ class ModelCatalog:
         return sorted(self._models.values(), key=lambda m: m.name)
 
     def warm(self) -> None:
-        """Load the tokenizer of every registered model not loaded yet, so no request
-        waits for one. The API calls it at start-up and every `REFRESH_S` after: a model
-        registered later (a worker announces its model as it starts) is loaded before its
-        first request rather than by it (3.6 s of a fresh deployment's first batch file on
-        the bench model, bench/RESULTS.md). A model whose tokenizer cannot be loaded is said
-        once here and left for its first request, which then says why."""
+        """Load every registered model's tokenizer now (at start-up), so no request waits
+        for one; a model whose tokenizer cannot be loaded here is left for its first
+        request, which then says why."""
         self._refresh(force=False)
         for info in list(self._models.values()):
-            ready = self._ready.get(info.name)
-            if (ready is not None and ready.info == info) or info in self._unloadable:
-                continue
             try:
                 self._prepare(info)
             except ModelUnavailable as exc:  # said now, and to its first request
-                self._unloadable.add(info)
                 log.warning("%s", exc.message)
 
     def cached(self, name: str | None, *, runner: Runner = "generate") -> CatalogModel | None:
@@ -178,7 +170,6 @@ class ModelCatalog:
         with self._lock:  # one load per tokenizer, however many ask at once
             renderer = self._renderers.get(key)
             if renderer is None:
-                started = time.monotonic()
                 try:
                     renderer = self._renderers[key] = self._load(info)
                 except Exception as exc:  # whatever transformers raises, said in one line
@@ -188,12 +179,6 @@ class ModelCatalog:
                         f"on this API host: {reason}; the API needs the same model files "
                         "(or Hugging Face access) as the model's workers"
                     ) from exc
-                log.info(
-                    "loaded the tokenizer of model %r (%s) in %.1f s",
-                    info.name,
-                    info.tokenizer,
-                    time.monotonic() - started,
-                )
             limits = self._limits
             ready = CatalogModel(
                 info=info,

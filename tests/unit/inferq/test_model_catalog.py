@@ -184,31 +184,3 @@ def test_warming_loads_every_tokenizer_and_skips_one_that_cannot_load(
     assert models.cached("llama") is not None  # the first request finds it ready
     with pytest.raises(ModelUnavailable, match=r"'broken' .*no such tokenizer"):
         models.get("broken")
-
-
-def test_warming_again_loads_a_model_registered_later_and_nothing_twice(
-    renderer: PromptRenderer, loads: list[ServedModel], caplog: pytest.LogCaptureFixture
-) -> None:
-    broken = ServedModel(
-        name="broken", base="broken", runner="generate", tokenizer="missing", max_model_len=None
-    )
-    source, clock = Registered(broken), Clock()
-
-    def load(served: ServedModel) -> PromptRenderer:
-        if served.tokenizer == "missing":
-            raise OSError("no such tokenizer")
-        loads.append(served)
-        return renderer
-
-    models = ModelCatalog(source, limits=LIMITS, load=load, clock=clock)
-    models.warm()  # at start-up: no worker has registered a model that loads yet
-    source.models.append(model("llama"))  # a worker announces its model as it starts
-    clock.now += REFRESH_S + 1
-    models.warm()
-    assert [m.name for m in loads] == ["llama"]
-    assert models.cached("llama") is not None  # its first request finds it ready
-    clock.now += REFRESH_S + 1
-    models.warm()
-    assert [m.name for m in loads] == ["llama"]  # loaded once
-    said = [r.getMessage() for r in caplog.records if "'broken'" in r.getMessage()]
-    assert len(said) == 1  # the one that cannot load is said once, not at every pass

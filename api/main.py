@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -49,6 +50,7 @@ from inferq.app import App
 from inferq.settings import Settings
 from inferq.store.api_keys import KeyStore
 from inferq.store.migrate import check_schema
+from inferq.wire import prompts
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +118,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         inferq = App(settings)
         services = build_services(inferq)
         _prepare_keys(settings, inferq.keys)
-        # Every registered model's tokenizer, before the first request needs it.
+        # Every registered model's tokenizer, before the first request needs it; and for
+        # a model registered later, what loading its tokenizer needs.
         inferq.catalog.warm()
+        preloading = asyncio.create_task(asyncio.to_thread(prompts.preload))
         app.state.services = services
         metrics.registry.register(QueueCollector(inferq.queues, inferq.workers, inferq.catalog))
         metrics.registry.register(StalledJobsCollector(inferq.stalled_jobs))
@@ -127,6 +131,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            preloading.cancel()
             await services.stream_reader.stop()
             await services.waiter.stop()
 

@@ -19,6 +19,28 @@ class _Tokenizer(Protocol):  # the slice of a Hugging Face tokenizer used here
     def __len__(self) -> int: ...
 
 
+# Two threads importing transformers at once: the second can see it half made
+# ("cannot import name 'AutoConfig'"), so its import goes one thread at a time.
+_IMPORTING = threading.Lock()
+
+
+def _transformers() -> Any:
+    with _IMPORTING:
+        import transformers  # slow import, kept off start-up
+
+        transformers.AutoConfig, transformers.AutoTokenizer  # noqa: B018 - its lazy parts too
+        return transformers
+
+
+def preload() -> None:
+    """Import what loading a tokenizer needs: transformers, seconds on a small host (the
+    bench model's tokenizer then loads in 0.03 s). The API calls it in the background as
+    it starts. On a fresh deployment the API starts before any worker registers its model,
+    and the first request, which loads that model's tokenizer, waited for this import
+    (3.6 s of a first batch file's creation, bench/RESULTS.md)."""
+    _transformers()
+
+
 class PromptRenderer:
     """Tokenizes prompts with the model's tokenizer and renders chat messages with its
     chat template, so token counts here match the engine's exactly."""
@@ -35,12 +57,11 @@ class PromptRenderer:
     @classmethod
     def load(cls, name: str, *, max_model_len: int | None) -> PromptRenderer:
         """Load the tokenizer (and, unless `max_model_len` is given, the model's context)."""
-        from transformers import AutoConfig, AutoTokenizer  # slow import, kept off start-up
-
-        tokenizer = AutoTokenizer.from_pretrained(name)
+        transformers = _transformers()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(name)
         context_len = max_model_len
         if context_len is None:
-            config = AutoConfig.from_pretrained(name)
+            config = transformers.AutoConfig.from_pretrained(name)
             context_len = int(getattr(config, "max_position_embeddings", 0) or 0)
             if not context_len:
                 raise InvalidRequest(f"cannot tell the context length of {name}: set max_model_len")

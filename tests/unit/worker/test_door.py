@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from datetime import UTC, datetime
 
 from inferq.domain.jobs import ClaimedJob, SamplingParams
@@ -85,6 +86,20 @@ def test_the_feeder_is_woken_by_room_a_message_or_a_wake_up() -> None:
     assert door.woken()
     assert not door.woken()  # a wake-up is heard once
     assert not door.wait(0)
+
+
+def test_a_message_that_does_not_fit_wakes_the_feeder_when_room_is_freed() -> None:
+    door = Door(2)
+    _lines(door, 2)
+    door.ask(["a"])
+    freed = threading.Timer(0.05, door.release, args=(door.held_ids()[:1],))
+    freed.start()
+    # Woken by the release, not by the end of its wait (which looks again, and finds room).
+    started = time.monotonic()
+    assert door.wait(60)
+    assert time.monotonic() - started < 30
+    freed.join()
+    assert _claim_all(door) == ["a"]
 
 
 def test_a_message_larger_than_the_door_gets_in_when_nothing_is_held() -> None:

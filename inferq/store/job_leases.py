@@ -6,14 +6,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, func, or_, select, update
+from psycopg import sql
+from sqlalchemy import Connection, and_, bindparam, or_, select, update
+from sqlalchemy.orm import Session
 
 from inferq.domain.jobs import ClaimedJob, JobOutcome, JobStatus
-from inferq.store.batch_counts import batches_of_locked, count_finished
-from inferq.store.bulk import update_rows
+from inferq.store.batch_counts import count_finished
+from inferq.store.bulk import update_rows, update_rows_where
 from inferq.store.job_rows import ACTIVE, CLAIMED_COLUMNS, claimed_job, outcome_values
-from inferq.store.models import JobRow, Timestamp
+from inferq.store.models import BatchRow, JobRow, Timestamp
 from inferq.store.outbox import EndedJob, OutboxStore, enqueue_job_events
 from inferq.store.usage import add_usage, ended_usage
 
@@ -42,29 +45,43 @@ _CLAIM = (
 )
 
 
-# The rows of jobs a flush ends, locked, if they are still queued or running; their
-# batches' rows locked first (see inferq/store/batch_counts.py for the order), in the same
-# statement: the count is a sub-select that refers to nothing outside it, so Postgres runs
-# it once, before it reads a job row ("InitPlan", then "One-Time Filter" in EXPLAIN). One
-# round trip a flush fewer than a separate lock.
-_FINISHING = (
-    select(
-        JobRow.id,
-        JobRow.tenant,
-        JobRow.webhook_endpoint_id,
-        JobRow.webhook_events,
-        JobRow.batch_id,
-        JobRow.prompt_tokens,
-        JobRow.key_id,
-        JobRow.model,
+# What a flush needs of the jobs it ends: whose they are, their webhooks, batches and
+# prompt sizes (for their usage, and their batches' counts).
+_ENDED_COLUMNS = (
+    JobRow.id,
+    JobRow.tenant,
+    JobRow.webhook_endpoint_id,
+    JobRow.webhook_events,
+    JobRow.batch_id,
+    JobRow.prompt_tokens,
+    JobRow.key_id,
+    JobRow.model,
+)
+
+# Where a flush ends a job on Postgres: only while it is queued or running, and with the
+# rows of its batches locked first (inferq/store/batch_counts.py says why that order),
+# in the same statement: the count is a sub-select that refers to nothing outside it,
+# so Postgres runs it once, before it reads a job row ("InitPlan" in EXPLAIN). The
+# UPDATE locks the rows it ends and returns what the flush needs of them: one round trip
+# a flush for what took a locking read and an update.
+_STILL_ACTIVE = (
+    sql.SQL(
+        "t.status IN ({active}) AND (SELECT count(*) FROM (SELECT b.id FROM {batches} AS b "
+        "WHERE b.id IN (SELECT j.batch_id FROM {jobs} AS j WHERE j.id = ANY(%s)) "
+        "ORDER BY b.id FOR UPDATE OF b) AS locked) >= 0"
     )
-    .where(
-        JobRow.id.in_(bindparam("ids", expanding=True)),
-        JobRow.status.in_(ACTIVE),
-        select(func.count()).select_from(batches_of_locked("ids").subquery()).scalar_subquery()
-        >= 0,
+    .format(
+        active=sql.SQL(", ").join(map(sql.Literal, ACTIVE)),
+        batches=sql.Identifier(BatchRow.__tablename__),
+        jobs=sql.Identifier(JobRow.__tablename__),
     )
-    .with_for_update(of=JobRow)
+    .as_string(None)
+)
+
+# The same rows elsewhere (SQLite, which `inferq run` uses: one writer at a time, so
+# nothing to lock), read before they are updated.
+_FINISHING = select(*_ENDED_COLUMNS).where(
+    JobRow.id.in_(bindparam("ids", expanding=True)), JobRow.status.in_(ACTIVE)
 )
 
 
@@ -173,11 +190,10 @@ class JobLeases(OutboxStore):
             return []
         now = self._clock()
         ids = [o.job_id for o in outcomes]
+        ended = {o.job_id: outcome_values(o, now) for o in outcomes}
         with self._transaction() as session:
-            rows = session.connection().execute(_FINISHING, {"ids": ids}).all()
-            live = {row.id for row in rows}
-            values = {o.job_id: outcome_values(o, now) for o in outcomes if o.job_id in live}
-            update_rows(session, JobRow, list(values.values()))
+            rows = _end_rows(session, ended)
+            values = {row.id: ended[row.id] for row in rows}
             count_finished(session, rows, values)
             add_usage(session, ended_usage(rows, values, now))
             queued = enqueue_job_events(
@@ -190,4 +206,21 @@ class JobLeases(OutboxStore):
                 now,
             )
         self._wake_delivery(queued)
-        return [job_id for job_id in ids if job_id in live]
+        return [job_id for job_id in ids if job_id in values]
+
+
+def _end_rows(session: Session, ended: dict[str, dict[str, Any]]) -> list[Any]:
+    """End the jobs of `ended` (their values by id) that are still queued or running;
+    return their rows (`_ENDED_COLUMNS`)."""
+    if session.get_bind().dialect.name == "postgresql":
+        return update_rows_where(
+            session,
+            JobRow,
+            list(ended.values()),
+            condition=_STILL_ACTIVE,
+            condition_params=[list(ended)],
+            returning=[column.name for column in _ENDED_COLUMNS],
+        )
+    rows = session.connection().execute(_FINISHING, {"ids": list(ended)}).all()
+    update_rows(session, JobRow, [ended[row.id] for row in rows])
+    return list(rows)

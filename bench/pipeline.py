@@ -162,6 +162,9 @@ def profiled(pids: dict[str, int], directory: Path | None, step: str) -> Iterato
                 "raw",
                 "--nonblocking",
                 "--threads",
+                # Only threads running Python: a thread waiting on a socket in C looks
+                # busy to py-spy otherwise.
+                "--gil",
                 "--output",
                 str(directory / f"{step}-{name}.txt"),
             ],

@@ -20,7 +20,10 @@ where py-spy is installed.
 `--targets` runs issue 33's plan instead of every step at one concurrency: streamed chats
 at 16 (the first-token target there), every step at 64, single jobs and chats at 256 (the
 throughput target there); each step's name then ends in `@<concurrency>`.
-`--profile DIR` records the API and the GPU worker with py-spy during inferq's steps.
+`--kinds jobs,chats` runs only those kinds of request (and serve's that they are held
+against).
+`--profile DIR` records the API and the GPU worker with py-spy during inferq's steps
+(samples of threads that hold the GIL: where Python spends CPU).
 """
 
 from __future__ import annotations
@@ -235,6 +238,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None, help="default: the bench model")
     parser.add_argument("--gpu", action="store_true", help="the reference GPU settings")
     parser.add_argument("--skip", default="", help="serve and/or inferq")
+    parser.add_argument("--kinds", default="", help=f"only these of {','.join(KINDS)}")
     parser.add_argument("--profile", type=Path, help="record py-spy profiles here")
     parser.add_argument("--out", type=Path, default=Path("bench/results/request-cpu.json"))
     args = parser.parse_args()
@@ -251,6 +255,10 @@ def main() -> None:
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
     plan: Plan = TARGET_PLAN if args.targets else {args.concurrency: KINDS}
+    if args.kinds:
+        kinds = tuple(args.kinds.split(","))
+        plan = {c: tuple(k for k in ks if k in kinds) for c, ks in plan.items()}
+        plan = {c: ks for c, ks in plan.items() if ks}
     results: dict[str, Any] = {"requests": args.requests, "plan": plan}
     started = time.time()
     if "serve" not in skip:

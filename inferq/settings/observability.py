@@ -18,7 +18,11 @@ class FlowerSettings(BaseModel):
 class LogSettings(BaseModel):
     """What every process logs, and how."""
 
-    log_level: str = Field("INFO", description="Log level of every process.")
+    log_level: str = Field(
+        "INFO",
+        description="Log level of every process (a GPU worker logs Celery's two lines a message, "
+        "received and succeeded, at DEBUG only).",
+    )
     log_json: bool = Field(
         False, description="Log one JSON object per line, with job and batch ids as fields."
     )

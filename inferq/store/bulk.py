@@ -12,8 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from psycopg import sql
-from psycopg.rows import namedtuple_row
-from sqlalchemy import JSON, Column, Dialect, Table, insert, update
+from sqlalchemy import JSON, ClauseElement, Column, Connection, Dialect, Table, insert, update
 from sqlalchemy.orm import DeclarativeBase, Session
 
 from inferq.store import text_codec
@@ -70,7 +69,7 @@ def update_rows_where(
 ) -> list[Any]:
     """On PostgreSQL only: `update_rows`, each row only where `condition` (SQL on the
     table as `t`, with `condition_params` for its placeholders) holds, returning the
-    `returning` columns of the rows updated, as named tuples. One statement for every
+    `returning` columns of the rows updated. One statement for every
     set of attributes the rows have: a lock taken in `condition` is taken before any row
     is updated."""
     by_attributes: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
@@ -119,11 +118,10 @@ def _update_group(
         condition=condition,
         returning=returning,
     )
-    raw = session.connection().connection.driver_connection
-    assert raw is not None
-    with raw.cursor(row_factory=namedtuple_row) as cursor:
-        cursor.execute(statement, [*arrays, *condition_params])
-        return cursor.fetchall() if returning else []
+    # Through SQLAlchemy's connection, which hands the text to psycopg as it is, so that
+    # a lost connection is seen as one (and renewed) like any other statement's.
+    result = session.connection().exec_driver_sql(statement, (*arrays, *condition_params))
+    return list(result.all()) if returning else []
 
 
 @functools.cache
@@ -165,6 +163,25 @@ def _update_statement(
             statement, sql.SQL(", ").join(sql.Identifier("t", name) for name in returning)
         )
     return statement.as_string(None)
+
+
+class DriverStatement:
+    """A PostgreSQL statement compiled once to psycopg's text, with the values it holds
+    itself: run as text (`Connection.exec_driver_sql`), it skips SQLAlchemy's rendering
+    of its parameters at every execution, and a lost connection is still seen as one."""
+
+    def __init__(self, statement: ClauseElement) -> None:
+        self._statement = statement
+        self._compiled: tuple[str, dict[str, Any]] | None = None
+
+    def rows(self, connection: Connection, values: dict[str, Any]) -> Sequence[Any]:
+        """Run it with `values` for its parameters; the rows it returns."""
+        if self._compiled is None:  # compiled by the first caller: the same text for all
+            compiled = self._statement.compile(dialect=connection.dialect)
+            constants = {k: v for k, v in compiled.params.items() if v is not None}
+            self._compiled = str(compiled), constants
+        text, constants = self._compiled
+        return connection.exec_driver_sql(text, {**constants, **values}).all()
 
 
 def _encoder(column: Column[Any]) -> Callable[[Any], str | None] | None:

@@ -9,39 +9,65 @@ from datetime import timedelta
 from typing import Any
 
 from psycopg import sql
-from sqlalchemy import Connection, and_, bindparam, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    String,
+    Update,
+    and_,
+    any_,
+    bindparam,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from inferq.domain.jobs import ClaimedJob, JobOutcome, JobStatus
 from inferq.store.batch_counts import count_finished
-from inferq.store.bulk import update_rows, update_rows_where
+from inferq.store.bulk import DriverStatement, update_rows, update_rows_where
 from inferq.store.job_rows import ACTIVE, CLAIMED_COLUMNS, claimed_job, outcome_values
 from inferq.store.models import BatchRow, JobRow, Timestamp
 from inferq.store.outbox import EndedJob, OutboxStore, enqueue_job_events
 from inferq.store.usage import add_usage, ended_usage
 
+
+def _claim(ids: ColumnElement[bool]) -> Update:
+    """The claim of the jobs whose ids `ids` matches: queued ones, and running ones
+    whose lease ran out."""
+    return (
+        update(JobRow)
+        .where(
+            ids,
+            or_(
+                JobRow.status == JobStatus.QUEUED.value,
+                and_(
+                    JobRow.status == JobStatus.RUNNING.value,
+                    JobRow.lease_expires_at < bindparam("claim_now", type_=Timestamp),
+                ),
+            ),
+        )
+        .values(
+            status=JobStatus.RUNNING.value,
+            worker=bindparam("claim_worker"),
+            started_at=bindparam("claim_now", type_=Timestamp),
+            lease_expires_at=bindparam("claim_lease_until", type_=Timestamp),
+            attempts=JobRow.attempts + 1,
+        )
+        .returning(*CLAIMED_COLUMNS)
+    )
+
+
 # Built once: a claim is the worker's hottest statement (one a task), and compiling it
 # through an ORM session each time cost several times the round trip.
-_CLAIM = (
-    update(JobRow)
-    .where(
-        JobRow.id.in_(bindparam("ids", expanding=True)),
-        or_(
-            JobRow.status == JobStatus.QUEUED.value,
-            and_(
-                JobRow.status == JobStatus.RUNNING.value,
-                JobRow.lease_expires_at < bindparam("claim_now", type_=Timestamp),
-            ),
-        ),
-    )
-    .values(
-        status=JobStatus.RUNNING.value,
-        worker=bindparam("claim_worker"),
-        started_at=bindparam("claim_now", type_=Timestamp),
-        lease_expires_at=bindparam("claim_lease_until", type_=Timestamp),
-        attempts=JobRow.attempts + 1,
-    )
-    .returning(*CLAIMED_COLUMNS)
+_CLAIM = _claim(JobRow.id.in_(bindparam("ids", expanding=True)))
+
+# On Postgres, compiled once to the text psycopg runs, with the ids as one array: run
+# as a statement, SQLAlchemy rendered the list of ids into it at every claim, and its
+# execution cost the feeder a third of its CPU (on top of the round trip).
+_CLAIM_ON_POSTGRES = DriverStatement(
+    _claim(JobRow.id == any_(bindparam("ids", type_=ARRAY(String))))
 )
 
 
@@ -110,10 +136,10 @@ class JobLeases(OutboxStore):
             "claim_lease_until": now + timedelta(seconds=lease_s),
         }
         if within is not None:
-            rows = within.execute(_CLAIM, values).all()
+            rows = _claimed(within, values)
         else:
             with self._statement() as connection:
-                rows = connection.execute(_CLAIM, values).all()
+                rows = _claimed(connection, values)
         by_id = {row.id: claimed_job(row, now) for row in rows}
         return [by_id[job_id] for job_id in job_ids if job_id in by_id]
 
@@ -224,3 +250,10 @@ def _end_rows(session: Session, ended: dict[str, dict[str, Any]]) -> list[Any]:
     rows = session.connection().execute(_FINISHING, {"ids": list(ended)}).all()
     update_rows(session, JobRow, [ended[row.id] for row in rows])
     return list(rows)
+
+
+def _claimed(connection: Connection, values: dict[str, Any]) -> Sequence[Any]:
+    """The rows (`CLAIMED_COLUMNS`) of the jobs a claim with `values` takes."""
+    if connection.dialect.name == "postgresql":
+        return _CLAIM_ON_POSTGRES.rows(connection, values)
+    return connection.execute(_CLAIM, values).all()

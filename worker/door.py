@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -31,21 +31,40 @@ from inferq.domain.jobs import ClaimedJob
 REMEMBERED_CANCELS = 10_000
 
 
-class Ticket:
-    """A task's handle on one job: set when the job has ended here, one way or another."""
+# Guards the hand-over of a ticket's callbacks between `when_ended` and `end`.
+_ENDING = threading.Lock()
 
-    __slots__ = ("batch_id", "created_at", "done", "returned")
+
+class Ticket:
+    """A message's handle on one job: set when the job has ended here, one way or
+    another; whoever asked for it hears of that through `when_ended`."""
+
+    __slots__ = ("_callbacks", "batch_id", "created_at", "done", "returned")
 
     def __init__(self) -> None:
         self.done = threading.Event()
         self.returned = False
         self.created_at: datetime | None = None
         self.batch_id: str | None = None
+        self._callbacks: list[Callable[[Ticket], None]] = []
+
+    def when_ended(self, callback: Callable[[Ticket], None]) -> None:
+        """Call `callback(self)` once the job has ended: now if it has, else from the
+        thread that ends it."""
+        with _ENDING:
+            if not self.done.is_set():
+                self._callbacks.append(callback)
+                return
+        callback(self)
 
     def end(self, *, returned: bool) -> None:
-        """Wake the tasks waiting on this job; `returned`: it went back to the queue."""
+        """The job has ended here; `returned`: it went back to the queue."""
         self.returned = returned
-        self.done.set()
+        with _ENDING:
+            self.done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(self)
 
 
 @dataclass

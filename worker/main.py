@@ -201,7 +201,7 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
         consumer.worker_main(
             [
                 "worker",
-                "--pool=threads",
+                # No --pool: the tasks' own (worker/pool.py), set by register_gpu_tasks.
                 f"--concurrency={settings.effective_worker_concurrency}",
                 f"--queues={','.join(queues)}",
                 f"--hostname={worker_name}",

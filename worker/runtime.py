@@ -1,16 +1,15 @@
 """The GPU runtime: what a Celery task calls to run jobs, and the pieces behind it.
 
-A single job's task asks for its job at the door (worker/door.py) and blocks on its
-ticket until the writer has committed its outcome; only then does Celery acknowledge the
-message. The feeder (worker/feeder.py) claims what was asked for, and batch lines
+A single job's task asks for its job at the door (worker/door.py) and returns; the
+worker's Celery pool (worker/pool.py) reports the task done once the writer has
+committed the job's outcome, and only then does Celery acknowledge the message. The feeder (worker/feeder.py) claims what was asked for, and batch lines
 whenever there is room, and hands them to the admission queue; a batch's message only
 wakes it. While jobs are held, the lease keeper (worker/leases.py) renews them.
 
 On shutdown the runtime drains: nothing new is admitted, jobs not yet in the engine go
 back to queued at once, jobs in the engine (or entering it, or being written) get
-`drain_timeout_s` to finish, and whatever is left is aborted and goes back too. A task
-whose jobs went back raises `JobsReturned`, so its message returns to Redis instead of
-being acknowledged.
+`drain_timeout_s` to finish, and whatever is left is aborted and goes back too. A message
+whose jobs went back returns to Redis instead of being acknowledged.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from inferq.domain.jobs import ClaimedJob, JobOutcome, engine_priority
 from inferq.exceptions import JobsReturned, StoreUnavailable
 from inferq.settings import Settings
 from worker.admission import AdmissionQueue
-from worker.door import Door
+from worker.door import Door, Ticket
 from worker.engine.factory import build_engine
 from worker.engine.protocol import Engine, EngineRequest
 from worker.feeder import Feeder
@@ -121,8 +120,8 @@ class EngineRuntime:
             micro_batch=max_batch_size,
             on_claimed=self._admit,
         )
-        # Messages taken since start, and those whose tasks run now: the stall watch's
-        # reading of progress (inferq/host/stall.py).
+        # Messages taken since start, and those whose jobs have not all ended: the stall
+        # watch's reading of progress (inferq/host/stall.py).
         self._taken = 0
         self._running = 0
         self._counts = threading.Lock()
@@ -187,8 +186,8 @@ class EngineRuntime:
         return len(self._door)
 
     def progress(self, *, slots: int) -> tuple[int, bool]:
-        """Messages taken so far, and whether another would be taken now: one of the
-        `slots` Celery threads is free and the door has room."""
+        """Messages taken so far, and whether another would be taken now: fewer than
+        `slots` messages wait on their jobs and the door has room."""
         room = self._door.has_room
         with self._counts:
             return self._taken, self._running < slots and room
@@ -197,29 +196,43 @@ class EngineRuntime:
         """Batch lines may be waiting: the feeder looks for them now."""
         self._door.wake()
 
-    def run(self, job_ids: Sequence[str]) -> None:
-        """Run these single jobs and return once each has ended (written, skipped or
-        aborted).
+    def ask(self, job_ids: Sequence[str]) -> Callable[[Callable[[bool], None]], None]:
+        """Ask for these single jobs at the door and return at once. Returns `then`:
+        `then(on_end)` has `on_end(returned)` called once each job has ended (written,
+        skipped or aborted), from the thread that ended the last (or at once), with
+        `returned` saying whether any went back to the queue.
 
-        Raises `JobsReturned` if the worker is shutting down and gave any of them back.
-        """
+        Raises `JobsReturned` if the worker is shutting down."""
+        if self._draining.is_set():
+            raise JobsReturned("the worker is shutting down")
         with self._counts:
             self._taken += 1
             self._running += 1
-        try:
-            self._run(job_ids)
-        finally:
-            with self._counts:
-                self._running -= 1
-
-    def _run(self, job_ids: Sequence[str]) -> None:
-        if self._draining.is_set():
-            raise JobsReturned("the worker is shutting down")
         tickets = self._door.ask(job_ids)
-        for ticket in tickets:
-            ticket.done.wait()
-        if any(ticket.returned for ticket in tickets):
-            raise JobsReturned(f"{len(job_ids)} jobs went back to the queue")
+
+        def then(on_end: Callable[[bool], None]) -> None:
+            left = len(tickets)
+            returned = False
+            lock = threading.Lock()
+
+            def ended(ticket: Ticket) -> None:
+                nonlocal left, returned
+                with lock:
+                    left -= 1
+                    returned = returned or ticket.returned
+                    if left:
+                        return
+                with self._counts:
+                    self._running -= 1
+                try:
+                    on_end(returned)
+                except Exception:  # the thread that ended the job must go on
+                    log.exception("reporting the end of jobs %s failed", ", ".join(job_ids))
+
+            for ticket in tickets:
+                ticket.when_ended(ended)
+
+        return then
 
     def cancel(self, job_ids: Sequence[str]) -> None:
         """Stop work on jobs that were cancelled (or taken by another worker)."""

@@ -10,22 +10,27 @@ from celery.exceptions import Reject
 from inferq.constants import RUN_JOBS_TASK
 from inferq.domain.queue_names import is_bulk
 from inferq.exceptions import JobsReturned
+from worker.pool import Handoff, door_pool
 from worker.runtime import EngineRuntime
 
 
 def register_gpu_tasks(app: Celery, runtime: EngineRuntime) -> None:
-    """Register `run_jobs` on `app`, running on `runtime`."""
+    """Register `run_jobs` on `app`, running on `runtime`, and the pool that runs it
+    (worker/pool.py)."""
+    handoff = Handoff()
+    app.conf.worker_pool = door_pool(handoff)
 
     @app.task(name=RUN_JOBS_TASK, bind=True)  # type: ignore[untyped-decorator]
     def run_jobs(self: Any, job_ids: list[str]) -> None:
-        """Run the single jobs a message carries and return once their outcomes are
-        committed; a batch's message only wakes the feeder, which claims its lines."""
+        """Ask for the single jobs a message carries; the pool reports the task done
+        once their outcomes are committed. A batch's message only wakes the feeder,
+        which claims its lines."""
         queue = (self.request.delivery_info or {}).get("routing_key")
         if queue is not None and is_bulk(queue):
             runtime.wake_batches()
             return
         try:
-            runtime.run(job_ids)
+            handoff.put(self.request.id, runtime.ask(job_ids))
         except JobsReturned as exc:
             # Not acknowledged: the message goes back to Redis for another worker.
             raise Reject(exc.message, requeue=True) from exc

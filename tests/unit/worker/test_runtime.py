@@ -37,24 +37,29 @@ class _Announced:
 
 
 class Task:
-    """A Celery task's call of `runtime.run`, in a thread of its own."""
+    """A message's jobs asked for as its Celery task asks (`runtime.ask`, returning at
+    once), and what the pool hears when they have ended."""
 
     def __init__(self, runtime: EngineRuntime, job_ids: list[str]) -> None:
         self.returned: JobsReturned | None = None
-        self._thread = threading.Thread(target=self._run, args=(runtime, job_ids), daemon=True)
-        self._thread.start()
-
-    def _run(self, runtime: EngineRuntime, job_ids: list[str]) -> None:
+        self._ended = threading.Event()
         try:
-            runtime.run(job_ids)
+            then = runtime.ask(job_ids)
         except JobsReturned as exc:
             self.returned = exc
+            self._ended.set()
+            return
+        then(self._on_end)
+
+    def _on_end(self, returned: bool) -> None:
+        if returned:
+            self.returned = JobsReturned("its jobs went back to the queue")
+        self._ended.set()
 
     def result(self) -> JobsReturned | None:
-        """Wait for the task to return: None if it ended normally (its message would be
-        acknowledged), the `JobsReturned` it raised if its jobs went back."""
-        self._thread.join(WAIT_S)
-        assert not self._thread.is_alive(), "the task did not return"
+        """Wait for the jobs to end: None if they ended normally (the message would be
+        acknowledged), a `JobsReturned` if they went back (it would be put back)."""
+        assert self._ended.wait(WAIT_S), "the jobs did not end"
         return self.returned
 
 
@@ -260,7 +265,7 @@ def test_a_drain_gives_back_jobs_not_yet_in_the_engine_and_lets_running_ones_fin
     assert store.jobs["pending"].worker is None
     assert engine.admitted == ["running"]
     with pytest.raises(JobsReturned):
-        runtime.run(["late"])
+        runtime.ask(["late"])
 
 
 class _SlowToAdd(StepEngine):

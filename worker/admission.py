@@ -6,7 +6,7 @@ A job passes three stages on its way into the engine, and single jobs go first a
    only thread that claims: the worker claims only what its engine will soon run (a full
    engine plus a micro-batch waiting), so a job held back stays `queued` in Postgres,
    truthfully, where cancelling it is free and another worker can still take it. A
-   single job's Celery task asks the door for its job and waits; the feeder claims the
+   single job's Celery task asks the door for its job and returns; the feeder claims the
    jobs asked for, oldest message first, then batch lines, whenever there is room for
    half a micro-batch, in the order work is shared between tenants
    (inferq/domain/fair_share.py): that claim is the one place their order is decided. A

@@ -1,13 +1,13 @@
 """The door into the engine: the one count of the jobs a worker holds, and the order in
 which more come in (the whole path is told in worker/admission.py).
 
-A single job's Celery task asks for its jobs here and waits on their tickets; it claims
+A single job's Celery task asks for its jobs here and gets their tickets; it claims
 nothing itself. The feeder (worker/feeder.py) is the only one that claims: first the single
 jobs asked for, oldest message first, then batch lines, as many as there is room for. A
 job is held from its claim until its outcome is committed, it is cancelled, or it goes
-back to the queue; then its ticket ends, which lets a task waiting on it return (and
-Celery acknowledge its message). Two messages that carry the same job (a redelivery) wait
-on one ticket, so the job runs once.
+back to the queue; then its ticket ends, which tells whoever asked (worker/pool.py
+reports the message's task done, and Celery acknowledges it). Two messages that carry the
+same job (a redelivery) share one ticket, so the job runs once.
 
 Room: `limit` jobs held, the claims under way counted in. Batch lines get room only while
 no single job is asked for; single jobs may use `interactive_extra` places more, since the

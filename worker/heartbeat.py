@@ -43,7 +43,7 @@ class Heartbeat:
         state: State,
         slots: int,
     ) -> None:
-        """`slots`: the worker's Celery threads, each of which holds one message."""
+        """`slots`: the messages the worker holds at once (Celery's concurrency)."""
         self._registry = registry
         self._state = state
         self._slots = slots

@@ -76,7 +76,7 @@ def _stall_watch(
     monitor: QueueMonitor,
     worker_name: str,
 ) -> StallWatch:
-    """The worker's progress: messages taken, room for another (a free Celery thread and
+    """The worker's progress: messages taken, room for another (a free message slot and
     room at the door), and messages waiting in its model's queues."""
 
     def read() -> Progress:

@@ -2,9 +2,10 @@
 
 A single job's task asks for its job at the door (worker/door.py) and returns; the
 worker's Celery pool (worker/pool.py) reports the task done once the writer has
-committed the job's outcome, and only then does Celery acknowledge the message. The feeder (worker/feeder.py) claims what was asked for, and batch lines
-whenever there is room, and hands them to the admission queue; a batch's message only
-wakes it. While jobs are held, the lease keeper (worker/leases.py) renews them.
+committed the job's outcome, and only then does Celery acknowledge the message. The
+feeder (worker/feeder.py) claims what was asked for, and batch lines whenever there is
+room, and hands them to the admission queue; a batch's message only wakes it. While jobs
+are held, the lease keeper (worker/leases.py) renews them.
 
 On shutdown the runtime drains: nothing new is admitted, jobs not yet in the engine go
 back to queued at once, jobs in the engine (or entering it, or being written) get

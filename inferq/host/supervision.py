@@ -7,7 +7,7 @@ that what it shared (held jobs, room at the door, results half written) is consi
 process that exits lets its leases lapse and its unacknowledged messages go back to
 Redis, the paths the fault tests prove, and compose's restart policy or Kubernetes starts
 a fresh one. Without this, a dead thread leaves a process that looks alive and does
-nothing: every task waiting on the result writer waits forever.
+nothing: every message waiting on the result writer waits forever.
 
     thread(self._run, name="result-writer")  # instead of threading.Thread
     watch_task(asyncio.create_task(...))      # the API's long-lived tasks

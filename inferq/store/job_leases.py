@@ -84,6 +84,8 @@ _ENDED_COLUMNS = (
     JobRow.model,
 )
 
+_ENDED_NAMES = tuple(column.name for column in _ENDED_COLUMNS)
+
 # Where a flush ends a job on Postgres: only while it is queued or running, and with the
 # rows of its batches locked first (inferq/store/batch_counts.py says why that order),
 # in the same statement: the count is a sub-select that refers to nothing outside it,
@@ -245,7 +247,7 @@ def _end_rows(session: Session, ended: dict[str, dict[str, Any]]) -> list[Any]:
             list(ended.values()),
             condition=_STILL_ACTIVE,
             condition_params=[list(ended)],
-            returning=[column.name for column in _ENDED_COLUMNS],
+            returning=_ENDED_NAMES,
         )
     rows = session.connection().execute(_FINISHING, {"ids": list(ended)}).all()
     update_rows(session, JobRow, [ended[row.id] for row in rows])

@@ -127,18 +127,18 @@ def test_the_heartbeat_says_whether_the_worker_has_room_and_why_it_is_stuck(
     status = beat(runtime, state, slots=1)
     assert (status.room, status.stuck) == (True, STUCK)
 
-    # Its one Celery thread holds a message whose job runs: no room, however idle the door.
+    # Its one slot holds a message whose job runs: no room, however idle the door.
     watch.stuck = None
     store.add("a")
-    task = threading.Thread(target=runtime.run, args=(["a"],))
-    task.start()
+    ended = threading.Event()
+    runtime.ask(["a"])(lambda _returned: ended.set())
     try:
         wait_until(lambda: engine.admitted == ["a"], timeout_s=WAIT_S, what="in the engine")
         assert beat(runtime, state, slots=1).room is False
         assert beat(runtime, state, slots=2).room is True
     finally:
         engine.go.set()
-        task.join(WAIT_S)
+        assert ended.wait(WAIT_S)
     assert beat(runtime, state, slots=1).room is True
 
 
@@ -186,14 +186,13 @@ def test_a_busy_engine_with_no_rate_yet_is_reported_every_second(
         state=State(),
         slots=1,
     )
-    task = threading.Thread(target=runtime.run, args=(["a"],))
     heartbeat.start()
     try:
         idle_until = time.monotonic() + 2.5
         wait_until(lambda: time.monotonic() > idle_until, timeout_s=WAIT_S, what="idle")
         assert len(speeds.reports) == 1  # the first beat's, at start
         store.add("a")
-        task.start()
+        runtime.ask(["a"])(lambda _returned: None)
         wait_until(lambda: engine.admitted == ["a"], timeout_s=WAIT_S, what="in the engine")
         busy_at = time.monotonic()
         wait_until(lambda: len(speeds.reports) >= 3, timeout_s=WAIT_S, what="two reports")
@@ -201,5 +200,3 @@ def test_a_busy_engine_with_no_rate_yet_is_reported_every_second(
     finally:
         engine.go.set()
         heartbeat.stop()
-        if task.is_alive():
-            task.join(WAIT_S)

@@ -68,7 +68,7 @@ class DoorPool(BasePool):  # type: ignore[misc]
         args: tuple[Any, ...] | None = None,
         kwargs: dict[str, Any] | None = None,
         *,
-        callback: Callable[[Any], None] | None = None,
+        callback: Callable[[Any], None],
         accept_callback: Callable[[int, float], None] | None = None,
         correlation_id: str | None = None,
         **_: Any,
@@ -79,8 +79,6 @@ class DoorPool(BasePool):  # type: ignore[misc]
         # Celery's tracer: what the task raised comes back in its result, never here.
         result = target(*(args or ()), **(kwargs or {}))
         wait = self.handoff.take(correlation_id)
-        if callback is None:
-            return
         if wait is None:
             callback(result)
             return

@@ -1,14 +1,15 @@
 """What every store shares: its session factory and clock, transactions whose driver errors
-are translated, UTC datetimes, tenant-scoped reads and pages of a listing."""
+are translated, statements compiled once to the driver's text, UTC datetimes,
+tenant-scoped reads and pages of a listing."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Generic, NamedTuple, Protocol, TypeVar, overload
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar, overload
 
-from sqlalchemy import Connection, Engine, Select, text
+from sqlalchemy import ClauseElement, Connection, Engine, Select, text
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 
@@ -78,6 +79,25 @@ class Store:
             if self._engine.dialect.name == "postgresql":
                 session.execute(text("SET LOCAL idle_in_transaction_session_timeout = 0"))
             yield session
+
+
+class DriverStatement:
+    """A PostgreSQL statement compiled once to psycopg's text, with the values it holds
+    itself: run as text (`Connection.exec_driver_sql`), it skips SQLAlchemy's rendering
+    of its parameters at every execution, and a lost connection is still seen as one."""
+
+    def __init__(self, statement: ClauseElement) -> None:
+        self._statement = statement
+        self._compiled: tuple[str, dict[str, Any]] | None = None
+
+    def rows(self, connection: Connection, values: dict[str, Any]) -> Sequence[Any]:
+        """Run it with `values` for its parameters; the rows it returns."""
+        if self._compiled is None:  # compiled by the first caller: the same text for all
+            compiled = self._statement.compile(dialect=connection.dialect)
+            constants = {k: v for k, v in compiled.params.items() if v is not None}
+            self._compiled = str(compiled), constants
+        compiled_text, constants = self._compiled
+        return connection.exec_driver_sql(compiled_text, {**constants, **values}).all()
 
 
 @contextmanager

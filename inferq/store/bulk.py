@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from psycopg import sql
-from sqlalchemy import JSON, ClauseElement, Column, Connection, Dialect, Table, insert, update
+from sqlalchemy import JSON, Column, Dialect, Table, insert, update
 from sqlalchemy.orm import DeclarativeBase, Session
 
 from inferq.store import text_codec
@@ -163,25 +163,6 @@ def _update_statement(
             statement, sql.SQL(", ").join(sql.Identifier("t", name) for name in returning)
         )
     return statement.as_string(None)
-
-
-class DriverStatement:
-    """A PostgreSQL statement compiled once to psycopg's text, with the values it holds
-    itself: run as text (`Connection.exec_driver_sql`), it skips SQLAlchemy's rendering
-    of its parameters at every execution, and a lost connection is still seen as one."""
-
-    def __init__(self, statement: ClauseElement) -> None:
-        self._statement = statement
-        self._compiled: tuple[str, dict[str, Any]] | None = None
-
-    def rows(self, connection: Connection, values: dict[str, Any]) -> Sequence[Any]:
-        """Run it with `values` for its parameters; the rows it returns."""
-        if self._compiled is None:  # compiled by the first caller: the same text for all
-            compiled = self._statement.compile(dialect=connection.dialect)
-            constants = {k: v for k, v in compiled.params.items() if v is not None}
-            self._compiled = str(compiled), constants
-        text, constants = self._compiled
-        return connection.exec_driver_sql(text, {**constants, **values}).all()
 
 
 def _encoder(column: Column[Any]) -> Callable[[Any], str | None] | None:

@@ -25,8 +25,9 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from inferq.domain.jobs import ClaimedJob, JobOutcome, JobStatus
+from inferq.store.base import DriverStatement
 from inferq.store.batch_counts import count_finished
-from inferq.store.bulk import DriverStatement, update_rows, update_rows_where
+from inferq.store.bulk import update_rows, update_rows_where
 from inferq.store.job_rows import ACTIVE, CLAIMED_COLUMNS, claimed_job, outcome_values
 from inferq.store.models import BatchRow, JobRow, Timestamp
 from inferq.store.outbox import EndedJob, OutboxStore, enqueue_job_events

@@ -2,17 +2,17 @@
 
 A job passes three stages on its way into the engine, and single jobs go first at each:
 
-1. The claim, through the door (worker/door.py), by the feeder (worker/feeder.py), the
-   only thread that claims: the worker claims only what its engine will soon run (a full
-   engine plus a micro-batch waiting), so a job held back stays `queued` in Postgres,
-   truthfully, where cancelling it is free and another worker can still take it. A
-   single job's Celery task asks the door for its job and returns; the feeder claims the
-   jobs asked for, oldest message first, then batch lines, whenever there is room for
-   half a micro-batch, in the order work is shared between tenants
-   (inferq/domain/fair_share.py): that claim is the one place their order is decided. A
-   single job asked for holds batch lines back, and may use `interactive_held_jobs`
-   places more: the engine keeps slots for single jobs, so a worker full of batch lines
-   must not keep them out.
+1. The claim, through the door (worker/door.py): the worker claims only what its engine
+   will soon run (a full engine plus a micro-batch waiting), so a job held back stays
+   `queued` in Postgres, truthfully, where cancelling it is free and another worker can
+   still take it. A single job's Celery task asks the door for its job, claims it in its
+   own thread if it fits, and returns; the feeder (worker/feeder.py) claims the jobs
+   asked for that did not fit, oldest message first, as room is freed, then batch lines,
+   whenever there is room for half a micro-batch, in the order work is shared between
+   tenants (inferq/domain/fair_share.py): that claim is the one place their order is
+   decided. A single job asked for holds batch lines back, and may use
+   `interactive_held_jobs` places more: the engine keeps slots for single jobs, so a
+   worker full of batch lines must not keep them out.
 2. The admission queue (this module), between the claim and the engine. Claimed requests
    wait here until the engine has room, single jobs first (by their `priority`, then
    arrival), then batch lines in the order they were claimed. Batch lines fill the engine

@@ -1,13 +1,14 @@
 """The door into the engine: the one count of the jobs a worker holds, and the order in
 which more come in (the whole path is told in worker/admission.py).
 
-A single job's Celery task asks for its jobs here and gets their tickets; it claims
-nothing itself. The feeder (worker/feeder.py) is the only one that claims: first the single
-jobs asked for, oldest message first, then batch lines, as many as there is room for. A
-job is held from its claim until its outcome is committed, it is cancelled, or it goes
-back to the queue; then its ticket ends, which tells whoever asked (worker/pool.py
-reports the message's task done, and Celery acknowledges it). Two messages that carry the
-same job (a redelivery) share one ticket, so the job runs once.
+A single job's Celery task asks for its jobs here, gets their tickets, and claims them at
+once in its own thread if they fit (`Feeder.claim_asked`): a wake-up of another thread per
+message costs more CPU than the claim. What does not fit waits here, oldest message first,
+and the feeder (worker/feeder.py) claims it as room is freed, then batch lines, as many
+as there is room for. A job is held from its claim until its outcome is committed, it is
+cancelled, or it goes back to the queue; then its ticket ends, which tells whoever asked
+(worker/pool.py reports the message's task done, and Celery acknowledges it). Two
+messages that carry the same job (a redelivery) share one ticket, so the job runs once.
 
 Room: `limit` jobs held, the claims under way counted in. Batch lines get room only while
 no single job is asked for; single jobs may use `interactive_extra` places more, since the
@@ -89,11 +90,13 @@ class Door:
         self._cancelled: OrderedDict[str, None] = OrderedDict()
         self._closed = False
         self._woken = False
-        # Whether the feeder waits for room (`wait`): only then does a job's release wake
-        # it. A wake-up costs the waker a system call and the other thread a switch (tens
-        # of microseconds, more on a virtual machine); most releases free room nobody
-        # waits for.
-        self._room_wanted = False
+        # Whether the feeder waits (`wait`), and for room for batch lines: only then does
+        # room freed wake it, and only if it wants room (for lines, or for a message asked
+        # for). A wake-up costs the waker a system call and the other thread a switch
+        # (tens of microseconds, more on a virtual machine); most room freed is wanted by
+        # nobody, and most messages are claimed by the thread that asks.
+        self._feeder_waits = False
+        self._lines_want_room = False
         self._changed = threading.Condition()
 
     def __len__(self) -> int:
@@ -129,8 +132,9 @@ class Door:
 
     def ask(self, job_ids: Sequence[str]) -> list[Ticket]:
         """Tickets for a message's jobs: those held or asked for already (a redelivery)
-        share theirs; the others wait for the feeder to claim them. A closed door ends
-        them at once, as returned."""
+        share theirs; the others wait to be claimed (`take_asked`), by the asker if they
+        fit, else by the feeder once room is freed. A closed door ends them at once, as
+        returned."""
         with self._changed:
             pending = self._pending()
             fresh = Asked()
@@ -146,10 +150,9 @@ class Door:
                         ticket.end(returned=True)
                 else:
                     self._asked.append(fresh)
-                    self._changed.notify_all()
             return tickets
 
-    # The feeder's side.
+    # The claimers' side: the feeder, and a task that claims what it asked for.
 
     def take_asked(self) -> list[Asked]:
         """The messages asked for that fit now, oldest first, their room taken."""
@@ -189,7 +192,7 @@ class Door:
         """Room reserved and not used."""
         with self._changed:
             self._claiming -= count
-            self._changed.notify_all()
+            self._wake_for_room()
 
     def hold(
         self, claimed: Sequence[ClaimedJob], *, taken: Sequence[Asked] = (), reserved: int = 0
@@ -219,7 +222,7 @@ class Door:
                 # claimed at once) stays; the others' tasks may return.
                 if self._held.get(job_id) is not ticket:
                     ticket.end(returned=False)
-            self._changed.notify_all()
+            self._wake_for_room()
             return to_run, cancelled
 
     def wake(self) -> None:
@@ -241,12 +244,11 @@ class Door:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                # For batch lines, or for a message asked for that does not fit yet.
-                self._room_wanted = room_for is not None or bool(self._asked)
+                self._feeder_waits, self._lines_want_room = True, room_for is not None
                 try:
                     self._changed.wait(left)
                 finally:
-                    self._room_wanted = False
+                    self._feeder_waits = self._lines_want_room = False
             return True
 
     def woken(self) -> bool:
@@ -261,8 +263,8 @@ class Door:
         """Stop holding these jobs and end their tickets; returns those that were held."""
         with self._changed:
             tickets = [t for t in (self._held.pop(j, None) for j in job_ids) if t is not None]
-            if tickets and self._room_wanted:
-                self._changed.notify_all()
+            if tickets:
+                self._wake_for_room()
         for ticket in tickets:
             ticket.end(returned=returned)
         return tickets
@@ -295,6 +297,12 @@ class Door:
         for ticket in turned.values():
             ticket.end(returned=True)
         return list(turned)
+
+    def _wake_for_room(self) -> None:
+        """Room was freed: wake the feeder if it waits for room, for batch lines or for a
+        message asked for that did not fit (lock held)."""
+        if self._feeder_waits and (self._lines_want_room or self._asked):
+            self._changed.notify_all()
 
     @property
     def _used(self) -> int:

@@ -1,15 +1,16 @@
-"""The feeder: the one thread that claims work for a worker, through its door
+"""The feeder: the thread that claims work for a worker, through its door
 (worker/door.py).
 
 It claims, in one transaction each time:
-1. the single jobs whose messages' tasks asked for them, oldest message first, as soon
-   as they fit (by id: their messages name them);
+1. the single jobs whose messages' tasks asked for them and did not fit when they asked
+   (or whose claim failed), oldest message first, as soon as they fit (by id: their
+   messages name them); a task claims what fits in its own thread (`claim_asked`);
 2. then, whenever there is room for half a micro-batch or more and no single job is
    asked for, as many batch lines of its queue as there is room for, in the order work
    is shared between tenants (inferq/store/batch_claims.py).
 
-What it claims goes to the admission queue (`on_claimed`). Single jobs asked for at once
-by many messages are claimed together, so a claim's cost is shared between them.
+What it claims goes to the admission queue (`on_claimed`). Single jobs that waited for
+room together are claimed together, so a claim's cost is shared between them.
 
 Postgres holds the lines, so nothing the feeder needs for them lives in Redis: a batch's
 Celery message only wakes it sooner, and it looks again every `poll_s` regardless, so a
@@ -109,6 +110,26 @@ class Feeder:
             # waited its back-off): until a message, a single job or the poll.
             lines_waiting = got is None or got >= room
 
+    def claim_asked(self) -> None:
+        """Claim the single jobs asked for that fit, in the calling thread (a task's, as
+        it asks), so that no message wakes the feeder's thread. A claim that fails here
+        is put back, for the feeder's thread to try again with its back-off."""
+        if not (taken := self._door.take_asked()):
+            return
+        ids = [job_id for asked in taken for job_id in asked.tickets]
+        try:
+            claimed = self._store.claim_jobs(ids, worker=self._worker_name, lease_s=self._lease_s)
+        except Exception as exc:
+            self._door.put_back(taken)
+            if isinstance(exc, StoreUnavailable):
+                log.debug("cannot claim %d jobs yet (%s); the feeder tries again", len(ids), exc)
+            else:
+                log.warning(
+                    "a claim of %d jobs failed; the feeder tries again", len(ids), exc_info=True
+                )
+            return
+        self._hold_asked(claimed, taken)
+
     def _claim_asked(self, taken: list[Asked]) -> None:
         ids = [job_id for asked in taken for job_id in asked.tickets]
         try:
@@ -119,6 +140,9 @@ class Feeder:
             if not self._ride_out(exc, f"{len(ids)} jobs"):
                 raise
             return
+        self._hold_asked(claimed, taken)
+
+    def _hold_asked(self, claimed: Sequence[ClaimedJob], taken: list[Asked]) -> None:
         self._claimed()
         to_run, _ = self._door.hold(claimed, taken=taken)
         if to_run:

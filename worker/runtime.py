@@ -1,11 +1,12 @@
 """The GPU runtime: what a Celery task calls to run jobs, and the pieces behind it.
 
-A single job's task asks for its job at the door (worker/door.py) and returns; the
-worker's Celery pool (worker/pool.py) reports the task done once the writer has
-committed the job's outcome, and only then does Celery acknowledge the message. The
-feeder (worker/feeder.py) claims what was asked for, and batch lines whenever there is
-room, and hands them to the admission queue; a batch's message only wakes it. While jobs
-are held, the lease keeper (worker/leases.py) renews them.
+A single job's task asks for its job at the door (worker/door.py), claims it there if
+it fits, and returns; the worker's Celery pool (worker/pool.py) reports the task done
+once the writer has committed the job's outcome, and only then does Celery acknowledge
+the message. The feeder (worker/feeder.py) claims what was asked for and did not fit,
+and batch lines whenever there is room; claims go to the admission queue. A batch's
+message only wakes the feeder. While jobs are held, the lease keeper (worker/leases.py)
+renews them.
 
 On shutdown the runtime drains: nothing new is admitted, jobs not yet in the engine go
 back to queued at once, jobs in the engine (or entering it, or being written) get
@@ -198,7 +199,8 @@ class EngineRuntime:
         self._door.wake()
 
     def ask(self, job_ids: Sequence[str]) -> Callable[[Callable[[bool], None]], None]:
-        """Ask for these single jobs at the door and return at once. Returns `then`:
+        """Ask for these single jobs at the door, claim them if they fit (else the feeder
+        will, once they do), and return. Returns `then`:
         `then(on_end)` has `on_end(returned)` called once each job has ended (written,
         skipped or aborted), from the thread that ended the last (or at once), with
         `returned` saying whether any went back to the queue.
@@ -210,6 +212,7 @@ class EngineRuntime:
             self._taken += 1
             self._running += 1
         tickets = self._door.ask(job_ids)
+        self._feeder.claim_asked()
 
         def then(on_end: Callable[[bool], None]) -> None:
             left = len(tickets)

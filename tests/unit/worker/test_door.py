@@ -69,17 +69,21 @@ def test_single_jobs_asked_for_come_first_and_hold_batch_lines_back() -> None:
     assert all(t.done.is_set() and not t.returned for t in tickets)
 
 
-def test_the_feeder_is_woken_by_room_a_message_or_a_wake_up() -> None:
+def test_the_feeder_is_woken_by_room_a_message_put_back_or_a_wake_up() -> None:
     door = Door(2)
     _lines(door, 2)
     freed = threading.Timer(0.05, door.release, args=(door.held_ids(),))
     freed.start()
     assert door.wait(10, room_for=2)
     freed.join()
-    asked = threading.Timer(0.05, door.ask, args=(["a"],))
-    asked.start()
+    # A message that fits is claimed by its asker: it wakes nobody.
+    door.ask(["a"])
+    taken = door.take_asked()
+    # Its claim failed: the feeder is woken to claim it.
+    put_back = threading.Timer(0.05, door.put_back, args=(taken,))
+    put_back.start()
     assert door.wait(10)
-    asked.join()
+    put_back.join()
     assert _claim_all(door) == ["a"]
     door.wake()
     assert door.wait(0)

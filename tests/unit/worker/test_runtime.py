@@ -150,6 +150,28 @@ def test_a_task_returns_once_the_outcomes_of_its_jobs_are_written(
     assert (minute.jobs, minute.prompt_tokens, minute.generated_tokens) == (3, 9, 6)
 
 
+def test_a_task_claims_its_job_as_it_asks_and_the_feeder_one_that_waits_for_room(
+    make_runtime: MakeRuntime,
+) -> None:
+    store = MemoryJobStore()
+    store.add("a")
+    store.add("b")
+    engine = HeldEngine()
+    runtime = make_runtime(store=store, engine=engine, max_num_seqs=1, max_held_jobs=1)
+
+    first = Task(runtime, ["a"])
+    # Claimed before its task returned: no other thread had to be woken for it.
+    assert store.status("a") is JobStatus.RUNNING
+    second = Task(runtime, ["b"])
+    assert store.status("b") is JobStatus.QUEUED  # no room: it waits, still queued
+    engine.go.set()
+
+    assert first.result() is None
+    assert second.result() is None
+    assert store.status("b") is JobStatus.SUCCEEDED
+    assert store.jobs["b"].claims == 1
+
+
 def test_jobs_held_elsewhere_or_already_finished_are_not_run(make_runtime: MakeRuntime) -> None:
     store = MemoryJobStore()
     for job_id in ("theirs", "mine", "finished"):

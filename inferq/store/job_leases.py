@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from psycopg import sql
 from sqlalchemy import (
     ColumnElement,
     Connection,
@@ -22,14 +21,13 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.orm import Session
 
 from inferq.domain.jobs import ClaimedJob, JobOutcome, JobStatus
 from inferq.store.base import DriverStatement
 from inferq.store.batch_counts import count_finished
-from inferq.store.bulk import update_rows, update_rows_where
+from inferq.store.job_endings import end_jobs
 from inferq.store.job_rows import ACTIVE, CLAIMED_COLUMNS, claimed_job, outcome_values
-from inferq.store.models import BatchRow, JobRow, Timestamp
+from inferq.store.models import JobRow, Timestamp
 from inferq.store.outbox import EndedJob, OutboxStore, enqueue_job_events
 from inferq.store.usage import add_usage, ended_usage
 
@@ -72,9 +70,11 @@ _CLAIM_ON_POSTGRES = DriverStatement(
 )
 
 
-# What a flush needs of the jobs it ends: whose they are, their webhooks, batches and
-# prompt sizes (for their usage, and their batches' counts).
-_ENDED_COLUMNS = (
+# A flush on SQLite (`inferq run`: one writer at a time, so nothing to lock): the rows
+# of the jobs still queued or running, with what it needs of them (whose they are, their
+# webhooks, batches and prompt sizes), read before they are updated. On Postgres a flush
+# is one statement (inferq/store/job_endings.py).
+_FINISHING = select(
     JobRow.id,
     JobRow.tenant,
     JobRow.webhook_endpoint_id,
@@ -83,35 +83,7 @@ _ENDED_COLUMNS = (
     JobRow.prompt_tokens,
     JobRow.key_id,
     JobRow.model,
-)
-
-_ENDED_NAMES = tuple(column.name for column in _ENDED_COLUMNS)
-
-# Where a flush ends a job on Postgres: only while it is queued or running, and with the
-# rows of its batches locked first (inferq/store/batch_counts.py says why that order),
-# in the same statement: the count is a sub-select that refers to nothing outside it,
-# so Postgres runs it once, before it reads a job row ("InitPlan" in EXPLAIN). The
-# UPDATE locks the rows it ends and returns what the flush needs of them: one round trip
-# a flush for what took a locking read and an update.
-_STILL_ACTIVE = (
-    sql.SQL(
-        "t.status IN ({active}) AND (SELECT count(*) FROM (SELECT b.id FROM {batches} AS b "
-        "WHERE b.id IN (SELECT j.batch_id FROM {jobs} AS j WHERE j.id = ANY(%s)) "
-        "ORDER BY b.id FOR UPDATE OF b) AS locked) >= 0"
-    )
-    .format(
-        active=sql.SQL(", ").join(map(sql.Literal, ACTIVE)),
-        batches=sql.Identifier(BatchRow.__tablename__),
-        jobs=sql.Identifier(JobRow.__tablename__),
-    )
-    .as_string(None)
-)
-
-# The same rows elsewhere (SQLite, which `inferq run` uses: one writer at a time, so
-# nothing to lock), read before they are updated.
-_FINISHING = select(*_ENDED_COLUMNS).where(
-    JobRow.id.in_(bindparam("ids", expanding=True)), JobRow.status.in_(ACTIVE)
-)
+).where(JobRow.id.in_(bindparam("ids", expanding=True)), JobRow.status.in_(ACTIVE))
 
 
 class JobLeases(OutboxStore):
@@ -214,15 +186,24 @@ class JobLeases(OutboxStore):
 
     def finish_jobs(self, outcomes: Sequence[JobOutcome]) -> list[str]:
         """Write results and errors in one transaction, each only if its job is still
-        queued or running. Returns the ids written; the others had already ended."""
+        queued or running, with the jobs' usage, their batches' counts and the webhook
+        deliveries they asked for. Returns the ids written; the others had already
+        ended."""
         if not outcomes:
             return []
         now = self._clock()
-        ids = [o.job_id for o in outcomes]
-        ended = {o.job_id: outcome_values(o, now) for o in outcomes}
+        if self._engine.dialect.name == "postgresql":
+            with self._statement() as connection:
+                ended = end_jobs(connection, outcomes, now)
+            written = {job.id for job in ended}
+            self._wake_delivery(sum(job.queued for job in ended))
+            return [o.job_id for o in outcomes if o.job_id in written]
+        ended_values = {o.job_id: outcome_values(o, now) for o in outcomes}
         with self._transaction() as session:
-            rows = _end_rows(session, ended)
-            values = {row.id: ended[row.id] for row in rows}
+            rows = session.connection().execute(_FINISHING, {"ids": list(ended_values)}).all()
+            if rows:
+                session.execute(update(JobRow), [ended_values[row.id] for row in rows])
+            values = {row.id: ended_values[row.id] for row in rows}
             count_finished(session, rows, values)
             add_usage(session, ended_usage(rows, values, now))
             queued = enqueue_job_events(
@@ -235,24 +216,7 @@ class JobLeases(OutboxStore):
                 now,
             )
         self._wake_delivery(queued)
-        return [job_id for job_id in ids if job_id in values]
-
-
-def _end_rows(session: Session, ended: dict[str, dict[str, Any]]) -> list[Any]:
-    """End the jobs of `ended` (their values by id) that are still queued or running;
-    return their rows (`_ENDED_COLUMNS`)."""
-    if session.get_bind().dialect.name == "postgresql":
-        return update_rows_where(
-            session,
-            JobRow,
-            list(ended.values()),
-            condition=_STILL_ACTIVE,
-            condition_params=[list(ended)],
-            returning=_ENDED_NAMES,
-        )
-    rows = session.connection().execute(_FINISHING, {"ids": list(ended)}).all()
-    update_rows(session, JobRow, [ended[row.id] for row in rows])
-    return list(rows)
+        return [o.job_id for o in outcomes if o.job_id in values]
 
 
 def _claimed(connection: Connection, values: dict[str, Any]) -> Sequence[Any]:

@@ -1,0 +1,194 @@
+"""A flush of results on PostgreSQL: one statement that ends the jobs still queued or
+running, adds their usage, counts the batch lines among them on their batches, and queues
+the webhook deliveries they asked for, all or nothing.
+
+One round trip and no transaction around it (the statement commits on its own): a flush
+of one result is the worker's costliest call per single job, and a session with four
+statements spent most of its CPU on the session and on the round trips (bench/RESULTS.md).
+SQLite (`inferq run`) takes the same steps one statement at a time (job_leases.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from psycopg import sql
+from sqlalchemy import Connection
+
+from inferq.domain.jobs import JobOutcome, JobStatus
+from inferq.domain.usage import hour_of
+from inferq.domain.webhooks import DeliveryState
+from inferq.ids import new_id
+from inferq.store import text_codec
+from inferq.store.job_rows import ACTIVE
+from inferq.store.models import BatchRow, JobRow, UsageRow, WebhookDeliveryRow
+from inferq.store.outbox import DELIVERY_ID_PREFIX
+
+
+class Ended(NamedTuple):
+    """A job the flush ended: its batch (None for a single job), and whether a webhook
+    delivery was queued for it."""
+
+    id: str
+    batch_id: str | None
+    queued: bool
+
+
+def end_jobs(connection: Connection, outcomes: Sequence[JobOutcome], now: datetime) -> list[Ended]:
+    """End the jobs of `outcomes` that are still queued or running, in one statement on
+    `connection` (which commits on its own); the jobs it ended."""
+    columns: dict[str, list[Any]] = {name: [] for name in _VALUES}
+    for outcome in outcomes:
+        result, error = outcome.result, outcome.error
+        columns["id"].append(outcome.job_id)
+        columns["status"].append(outcome.status.value)
+        columns["started_at"].append(outcome.started_at)
+        columns["choices"].append(
+            None if result is None else text_codec.dumps([c.to_dict() for c in result.choices])
+        )
+        columns["completion_tokens"].append(None if result is None else result.completion_tokens)
+        columns["embedding"].append(None if result is None else result.embedding)
+        columns["error"].append(None if error is None else text_codec.dumps(error.to_dict()))
+        columns["delivery_id"].append(new_id(DELIVERY_ID_PREFIX))
+    rows = connection.exec_driver_sql(
+        _statement(),
+        {
+            **columns,
+            "now": now,
+            "hour": hour_of(now),
+            "succeeded": JobStatus.SUCCEEDED.value,
+            "pending": DeliveryState.PENDING.value,
+        },
+    ).all()
+    return [Ended(*row) for row in rows]
+
+
+# The values each outcome brings, and their types in Postgres. A value an outcome leaves
+# out (None: a failure has no choices, a result no error) leaves the job's as it is.
+_VALUES = {
+    "id": "varchar",
+    "status": "varchar",
+    "started_at": "timestamptz",
+    "choices": "jsonb",
+    "completion_tokens": "integer",
+    "embedding": "bytea",
+    "error": "jsonb",
+    "delivery_id": "varchar",
+}
+
+_KEPT_UNLESS_GIVEN = ("started_at", "choices", "completion_tokens", "embedding", "error")
+
+_USAGE_COUNTS = ("input_tokens", "output_tokens", "embedding_tokens", "jobs", "batch_lines")
+
+_BATCH_COUNTS = ("request_completed", "request_failed", "input_tokens", "output_tokens")
+
+_STATEMENT = """
+WITH v AS (
+    SELECT * FROM unnest({arrays}) AS v({names})
+),
+ended AS (
+    UPDATE {jobs} AS t
+    SET status = v.status, finished_at = %(now)s, lease_expires_at = NULL, {kept}
+    FROM v
+    WHERE t.id = v.id AND t.status IN ({active})
+        -- The rows of the jobs' batches are locked first, in id order (the lock order of
+        -- inferq/store/batch_counts.py): a sub-select that refers to nothing outside it
+        -- runs once, before any job row is read ("InitPlan" in EXPLAIN).
+        AND (SELECT count(*) FROM (
+            SELECT b.id FROM {batches} AS b
+            WHERE b.id IN (SELECT j.batch_id FROM {jobs} AS j WHERE j.id = ANY(%(id)s))
+            ORDER BY b.id FOR UPDATE OF b
+        ) AS locked) >= 0
+    RETURNING t.id, t.tenant, t.key_id, t.model, t.batch_id, t.prompt_tokens,
+        t.webhook_endpoint_id, t.webhook_events, v.status, v.delivery_id,
+        v.status = %(succeeded)s AND v.embedding IS NULL AS generated,
+        v.status = %(succeeded)s AND v.embedding IS NOT NULL AS embedded,
+        coalesce(v.completion_tokens, 0) AS output_tokens
+),
+used AS (
+    INSERT INTO {usage} AS u (tenant, key_id, model, hour, {usage_counts})
+    SELECT tenant, coalesce(key_id, ''), model, %(hour)s,
+        coalesce(sum(prompt_tokens) FILTER (WHERE generated), 0),
+        coalesce(sum(output_tokens) FILTER (WHERE generated), 0),
+        coalesce(sum(prompt_tokens) FILTER (WHERE embedded), 0),
+        count(*) FILTER (WHERE batch_id IS NULL),
+        count(*) FILTER (WHERE batch_id IS NOT NULL)
+    FROM ended
+    GROUP BY 1, 2, 3
+    -- Rows locked in key order, as every writer of usage does (inferq/store/usage.py).
+    ORDER BY 1, 2, 3
+    ON CONFLICT (tenant, key_id, model, hour) DO UPDATE SET {usage_sums}
+),
+counted AS (
+    UPDATE {batches} AS b SET {batch_sums}
+    FROM (
+        SELECT batch_id,
+            count(*) FILTER (WHERE status = %(succeeded)s) AS request_completed,
+            count(*) FILTER (WHERE status <> %(succeeded)s) AS request_failed,
+            coalesce(sum(prompt_tokens) FILTER (WHERE status = %(succeeded)s), 0)
+                AS input_tokens,
+            coalesce(sum(output_tokens) FILTER (WHERE status = %(succeeded)s), 0)
+                AS output_tokens
+        FROM ended WHERE batch_id IS NOT NULL GROUP BY batch_id
+    ) AS c
+    WHERE b.id = c.batch_id
+),
+queued AS (
+    INSERT INTO {deliveries}
+        (id, tenant, endpoint_id, event, job_id, state, attempts, next_attempt_at, created_at)
+    SELECT delivery_id, tenant, webhook_endpoint_id, 'job.' || status, id, %(pending)s, 0,
+        %(now)s, %(now)s
+    FROM ended
+    -- inferq.domain.webhooks.wants: no list of events (SQL or JSON null), or one that
+    -- names this event.
+    WHERE webhook_endpoint_id IS NOT NULL AND (
+        webhook_events IS NULL OR jsonb_typeof(webhook_events) = 'null'
+        OR webhook_events ? ('job.' || status)
+    )
+    RETURNING job_id
+)
+SELECT e.id, e.batch_id, q.job_id IS NOT NULL FROM ended AS e LEFT JOIN queued AS q
+    ON q.job_id = e.id
+"""
+
+
+@functools.cache
+def _statement() -> str:
+    """The flush's text, composed once (psycopg parses a text statement once; a composed
+    one it renders again at every execution)."""
+    return (
+        sql.SQL(_STATEMENT)
+        .format(
+            arrays=sql.SQL(", ").join(
+                sql.SQL("{}::{}[]").format(sql.Placeholder(name), sql.SQL(kind))
+                for name, kind in _VALUES.items()
+            ),
+            names=sql.SQL(", ").join(map(sql.Identifier, _VALUES)),
+            kept=sql.SQL(", ").join(
+                sql.SQL("{name} = coalesce(v.{name}, t.{name})").format(name=sql.Identifier(name))
+                for name in _KEPT_UNLESS_GIVEN
+            ),
+            jobs=sql.Identifier(JobRow.__tablename__),
+            batches=sql.Identifier(BatchRow.__tablename__),
+            usage=sql.Identifier(UsageRow.__tablename__),
+            deliveries=sql.Identifier(WebhookDeliveryRow.__tablename__),
+            active=sql.SQL(", ").join(map(sql.Literal, ACTIVE)),
+            usage_counts=sql.SQL(", ").join(map(sql.Identifier, _USAGE_COUNTS)),
+            usage_sums=_sums("u", "EXCLUDED", _USAGE_COUNTS),
+            batch_sums=_sums("b", "c", _BATCH_COUNTS),
+        )
+        .as_string(None)
+    )
+
+
+def _sums(target: str, added: str, names: Sequence[str]) -> sql.Composable:
+    """`name = target.name + added.name`, for each of `names`."""
+    return sql.SQL(", ").join(
+        sql.SQL("{name} = {target}.{name} + {added}.{name}").format(
+            name=sql.Identifier(name), target=sql.SQL(target), added=sql.SQL(added)
+        )
+        for name in names
+    )

@@ -2,9 +2,10 @@
 running, adds their usage, counts the batch lines among them on their batches, and queues
 the webhook deliveries they asked for, all or nothing.
 
-One round trip and no transaction around it (the statement commits on its own): a flush
-of one result is the worker's costliest call per single job, and a session with four
-statements spent most of its CPU on the session and on the round trips (bench/RESULTS.md).
+One round trip, no transaction around it (the statement commits on its own) and no
+SQLAlchemy in between: a flush of one result is the worker's costliest call per single
+job, and a session with four statements spent most of its CPU on the session and on the
+round trips (bench/RESULTS.md).
 SQLite (`inferq run`) takes the same steps one statement at a time (job_leases.py).
 """
 
@@ -15,8 +16,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
+import psycopg
 from psycopg import sql
-from sqlalchemy import Connection
 
 from inferq.domain.jobs import JobOutcome, JobStatus
 from inferq.domain.usage import hour_of
@@ -37,9 +38,11 @@ class Ended(NamedTuple):
     queued: bool
 
 
-def end_jobs(connection: Connection, outcomes: Sequence[JobOutcome], now: datetime) -> list[Ended]:
+def end_jobs(
+    driver: psycopg.Connection[Any], outcomes: Sequence[JobOutcome], now: datetime
+) -> list[Ended]:
     """End the jobs of `outcomes` that are still queued or running, in one statement on
-    `connection` (which commits on its own); the jobs it ended."""
+    psycopg's connection `driver` (which commits on its own); the jobs it ended."""
     columns: dict[str, list[Any]] = {name: [] for name in _VALUES}
     for outcome in outcomes:
         result, error = outcome.result, outcome.error
@@ -53,7 +56,7 @@ def end_jobs(connection: Connection, outcomes: Sequence[JobOutcome], now: dateti
         columns["embedding"].append(None if result is None else result.embedding)
         columns["error"].append(None if error is None else text_codec.dumps(error.to_dict()))
         columns["delivery_id"].append(new_id(DELIVERY_ID_PREFIX))
-    rows = connection.exec_driver_sql(
+    rows = driver.execute(
         _statement(),
         {
             **columns,
@@ -62,7 +65,7 @@ def end_jobs(connection: Connection, outcomes: Sequence[JobOutcome], now: dateti
             "succeeded": JobStatus.SUCCEEDED.value,
             "pending": DeliveryState.PENDING.value,
         },
-    ).all()
+    ).fetchall()
     return [Ended(*row) for row in rows]
 
 

@@ -112,6 +112,9 @@ class JobLeases(OutboxStore):
         }
         if within is not None:
             rows = _claimed(within, values)
+        elif self._engine.dialect.name == "postgresql":
+            with self._driver() as driver:
+                rows = _CLAIM_ON_POSTGRES.driver_rows(driver, self._engine.dialect, values)
         else:
             with self._statement() as connection:
                 rows = _claimed(connection, values)
@@ -193,8 +196,8 @@ class JobLeases(OutboxStore):
             return []
         now = self._clock()
         if self._engine.dialect.name == "postgresql":
-            with self._statement() as connection:
-                ended = end_jobs(connection, outcomes, now)
+            with self._driver() as driver:
+                ended = end_jobs(driver, outcomes, now)
             written = {job.id for job in ended}
             self._wake_delivery(sum(job.queued for job in ended))
             return [o.job_id for o in outcomes if o.job_id in written]

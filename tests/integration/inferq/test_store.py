@@ -187,3 +187,31 @@ def test_an_unreachable_database_raises_store_unavailable() -> None:
     engine = make_engine("postgresql+psycopg://postgres@127.0.0.1:1/none", pool_size=1)
     with pytest.raises(StoreUnavailable):
         JobStore(make_sessions(engine)).ping()
+
+
+def test_a_worker_whose_connections_were_lost_fails_one_claim_then_claims(
+    database_url: str,
+) -> None:
+    # As a worker's store: no check of a connection before its use.
+    engine = make_engine(database_url, pool_size=2, pre_ping=False)
+    store = JobStore(make_sessions(engine))
+    a, b = create_jobs(store, [_spec(), _spec()], queue="interactive")
+    with engine.connect(), engine.connect():
+        pass  # two connections in the pool
+    killer = make_engine(database_url, pool_size=1)
+    with killer.connect() as connection:
+        connection.exec_driver_sql(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    killer.dispose()
+
+    with pytest.raises(StoreUnavailable):
+        store.claim_jobs([a.id], worker="w", lease_s=60)
+    # The whole pool was renewed: no second connection of the lost ones is tried.
+    assert [j.id for j in store.claim_jobs([a.id], worker="w", lease_s=60)] == [a.id]
+    with engine.connect():  # the pool's other connection is a new one too
+        pass
+    assert store.finish_jobs([JobOutcome(job_id=a.id, result=_result())]) == [a.id]
+    assert [j.id for j in store.claim_jobs([b.id], worker="w", lease_s=60)] == [b.id]
+    engine.dispose()

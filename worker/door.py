@@ -90,13 +90,13 @@ class Door:
         self._cancelled: OrderedDict[str, None] = OrderedDict()
         self._closed = False
         self._woken = False
-        # Whether the feeder waits (`wait`), and for room for batch lines: only then does
-        # room freed wake it, and only if it wants room (for lines, or for a message asked
-        # for). A wake-up costs the waker a system call and the other thread a switch
-        # (tens of microseconds, more on a virtual machine); most room freed is wanted by
-        # nobody, and most messages are claimed by the thread that asks.
+        # Whether the feeder waits (`wait`), and the room it waits for batch lines (None:
+        # it does not): room freed wakes it only once what it waits for fits. A wake-up
+        # costs the waker a system call and the other thread a switch (tens of
+        # microseconds, more on a virtual machine); most room freed is not enough for
+        # anyone yet, and most messages are claimed by the thread that asks.
         self._feeder_waits = False
-        self._lines_want_room = False
+        self._room_for_lines: int | None = None
         self._changed = threading.Condition()
 
     def __len__(self) -> int:
@@ -244,11 +244,12 @@ class Door:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                self._feeder_waits, self._lines_want_room = True, room_for is not None
+                self._feeder_waits = True
+                self._room_for_lines = None if room_for is None else self._needed(room_for)
                 try:
                     self._changed.wait(left)
                 finally:
-                    self._feeder_waits = self._lines_want_room = False
+                    self._feeder_waits, self._room_for_lines = False, None
             return True
 
     def woken(self) -> bool:
@@ -299,9 +300,15 @@ class Door:
         return list(turned)
 
     def _wake_for_room(self) -> None:
-        """Room was freed: wake the feeder if it waits for room, for batch lines or for a
-        message asked for that did not fit (lock held)."""
-        if self._feeder_waits and (self._lines_want_room or self._asked):
+        """Room was freed: wake the feeder if it waits for it, and what it waits for fits
+        now: the oldest message asked for, or batch lines (lock held)."""
+        if not self._feeder_waits:
+            return
+        if self._asked:
+            wanted = self._fits(len(self._asked[0].tickets))
+        else:
+            wanted = self._room_for_lines is not None and self._free() >= self._room_for_lines
+        if wanted:
             self._changed.notify_all()
 
     @property

@@ -12,6 +12,7 @@ SQLite (`inferq run`) takes the same steps one statement at a time (job_leases.p
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -160,10 +161,12 @@ SELECT e.id, e.batch_id, q.job_id IS NOT NULL FROM ended AS e LEFT JOIN queued A
 
 @functools.cache
 def _statement() -> str:
-    """The flush's text, composed once (psycopg parses a text statement once; a composed
-    one it renders again at every execution)."""
+    """The flush's text, composed once, without its comments and indentation: psycopg
+    parses a text statement of at most 4 KiB once (a longer one, or a composed one, at
+    every execution)."""
+    bare = " ".join(re.sub(r"--[^\n]*", "", _STATEMENT).split())
     return (
-        sql.SQL(_STATEMENT)
+        sql.SQL(bare)
         .format(
             arrays=sql.SQL(", ").join(
                 sql.SQL("{}::{}[]").format(sql.Placeholder(name), sql.SQL(kind))

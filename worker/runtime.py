@@ -87,7 +87,11 @@ class EngineRuntime:
             max_batch_size=max_batch_size, max_batch_delay_ms=max_batch_delay_ms
         )
         self._writer = ResultWriter(
-            store=store, flush_ms=result_flush_ms, on_committed=self._committed
+            store=store,
+            flush_ms=result_flush_ms,
+            on_committed=self._committed,
+            # Jobs held that the writer has not been given: in the engine, or on their way.
+            more_coming=lambda: len(self._door) > self._writer.pending,
         )
         self.loop = EngineLoop(
             engine=engine,

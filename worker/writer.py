@@ -8,9 +8,11 @@ result never blocks the others.
 A flush costs about the same for one result as for dozens. Someone waits on a single
 job's result, so it goes at once after a quiet spell, and `flush_ms` after the last write
 under load. Nobody waits on one batch line's: those wait up to `bulk_wait_s` for company
-(or until `BULK_GATHER` of them), unless a single job's result comes and takes them along.
-Where an engine finishes few lines a second, that is several lines a transaction instead
-of one (on a 2-core CPU host, the writer's CPU was the pipeline's largest cost per line).
+(or until `BULK_GATHER` of them), unless a single job's result comes and takes them along,
+or nothing more is on its way (`more_coming`: the last lines of a batch go at once). Where
+an engine finishes a few lines a second (a large model, or a CPU), that is a dozen lines
+a flush instead of one or two: the flush was the largest part of the worker's CPU per
+line.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ log = logging.getLogger(__name__)
 
 MAX_FLUSH = 512
 MAX_BACKOFF_S = 5.0
-BULK_WAIT_S = 0.25
+BULK_WAIT_S = 1.0
 # Few enough that the jobs they hold back from the door are not missed.
 BULK_GATHER = 32
 
@@ -45,8 +47,12 @@ class ResultWriter:
         flush_ms: int,
         on_committed: Callable[[Sequence[JobOutcome], Sequence[str]], None],
         bulk_wait_s: float = BULK_WAIT_S,
+        more_coming: Callable[[], bool] = lambda: True,
     ) -> None:
+        """`more_coming`: whether outcomes are on their way that have not been put (jobs
+        held and not finished); batch lines wait for company only while some are."""
         self._store = store
+        self._more_coming = more_coming
         self._flush_s = flush_ms / 1000
         self._bulk_wait_s = bulk_wait_s
         self._on_committed = on_committed
@@ -93,6 +99,8 @@ class ResultWriter:
         urgent = max(time.monotonic(), not_before)
         deadline = urgent if not first.bulk else max(urgent, time.monotonic() + self._bulk_wait_s)
         while len(batch) < (MAX_FLUSH if deadline <= urgent else BULK_GATHER):
+            if deadline > urgent and self._queue.empty() and not self._more_coming():
+                break
             try:
                 item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:

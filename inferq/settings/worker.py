@@ -43,7 +43,8 @@ class WorkerSettings(BaseModel):
         20,
         ge=0,
         description="Least time between two bulk writes of results (a single job's result "
-        "after a quiet spell is written at once; batch lines wait up to 0.25 s for company).",
+        "after a quiet spell is written at once; batch lines wait up to 1 s for company "
+        "while more are on their way).",
     )
     stream_max_entries: int = Field(
         20_000,

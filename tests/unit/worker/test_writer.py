@@ -24,7 +24,7 @@ class _Store:
 
 
 def _writer(
-    flush_ms: int, *, bulk_wait_s: float = 60
+    flush_ms: int, *, bulk_wait_s: float = 60, more_coming: bool = True
 ) -> tuple[ResultWriter, _Store, list[list[str]], threading.Event]:
     store = _Store()
     committed: list[list[str]] = []
@@ -39,6 +39,7 @@ def _writer(
         flush_ms=flush_ms,
         on_committed=on_committed,
         bulk_wait_s=bulk_wait_s,
+        more_coming=lambda: more_coming,
     )
     writer.start()
     return writer, store, committed, changed
@@ -90,6 +91,16 @@ def test_a_lone_batch_line_is_written_after_the_wait() -> None:
         writer.put(_outcome("a", bulk=True))
         assert changed.wait(10)
         assert store.writes == [["a"]]
+    finally:
+        writer.stop()
+
+
+def test_a_batch_line_goes_at_once_when_nothing_more_is_on_its_way() -> None:
+    writer, store, _, changed = _writer(flush_ms=0, more_coming=False)
+    try:
+        writer.put(_outcome("last", bulk=True))
+        assert changed.wait(10)  # not the minute a line may wait
+        assert store.writes == [["last"]]
     finally:
         writer.stop()
 

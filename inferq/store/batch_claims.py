@@ -7,10 +7,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import exists, select, update
+from sqlalchemy import Connection, Insert, bindparam, exists, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
 
 from inferq.domain.batches import BatchStatus
 from inferq.domain.fair_share import Share, WaitingBatch, joined, split
@@ -37,15 +37,18 @@ class BatchClaims(JobLeases):
         if limit <= 0:
             return []
         with self._transaction() as session:
+            # Statements built once, on the session's connection: an ORM session building
+            # and running each anew cost most of a claim's CPU.
+            connection = session.connection()
             # Found before the clock is locked: an idle worker's look (every second) takes
             # no lock and writes nothing. Lines another claim takes meanwhile are skipped.
-            waiting = _waiting_batches(session, queue)
+            waiting = _waiting_batches(connection, queue)
             if not waiting:
                 return []
-            clock = _locked_clock(session, queue)
+            clock = _locked_clock(connection, queue)
             tenants = sorted({batch.tenant for batch in waiting})
             weights = {batch.tenant: batch.weight for batch in waiting}
-            finishes = _finishes(session, queue, tenants)
+            finishes = _finishes(connection, queue, tenants)
             shares = {t: Share(weights[t], joined(finishes.get(t), clock)) for t in tenants}
             batches = {
                 t: sorted((b for b in waiting if b.tenant == t), key=lambda b: b.order)
@@ -58,7 +61,7 @@ class BatchClaims(JobLeases):
             while len(claimed) < limit and shares:
                 for tenant, count in split(shares, limit - len(claimed)).items():
                     got = _claim_in_order(
-                        session,
+                        connection,
                         batches[tenant],
                         count,
                         queue=queue,
@@ -76,38 +79,83 @@ class BatchClaims(JobLeases):
             ahead = [share.finish for share in shares.values()] or list(served.values())
             if ahead:
                 clock = max(clock, min(ahead) if shares else max(ahead))
-            _save(session, queue, clock=clock, finishes=served)
+            _save(connection, queue, clock=clock, finishes=served)
             return claimed
 
 
-def _locked_clock(session: Session, queue: str) -> float:
-    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
-    session.execute(
-        dialect.insert(ShareClockRow).values(queue=queue, clock=0.0).on_conflict_do_nothing()
+# Batches in progress with a line of the queue still queued.
+_WAITING = select(
+    BatchRow.id,
+    BatchRow.tenant,
+    tenant_weight(BatchRow.tenant).label("weight"),
+    BatchRow.priority,
+    BatchRow.expires_at,
+    BatchRow.created_at,
+).where(
+    BatchRow.status == BatchStatus.IN_PROGRESS.value,
+    exists().where(
+        JobRow.batch_id == BatchRow.id,
+        JobRow.status == _QUEUED,
+        JobRow.queue == bindparam("queue"),
+    ),
+)
+
+_CLOCK = (
+    select(ShareClockRow.clock).where(ShareClockRow.queue == bindparam("queue")).with_for_update()
+)
+
+_FINISHES = select(ShareRow.tenant, ShareRow.finish).where(
+    ShareRow.queue == bindparam("queue"), ShareRow.tenant.in_(bindparam("tenants", expanding=True))
+)
+
+# A batch's next lines, in input order; lines another claim holds are skipped.
+_NEXT_LINES = (
+    select(JobRow.id)
+    .where(
+        JobRow.batch_id == bindparam("batch_id"),
+        JobRow.status == _QUEUED,
+        JobRow.queue == bindparam("queue"),
     )
-    return float(
-        session.scalar(
-            select(ShareClockRow.clock).where(ShareClockRow.queue == queue).with_for_update()
-        )
-        or 0.0
-    )
+    .order_by(JobRow.line)
+    .limit(bindparam("count"))
+    .with_for_update(skip_locked=True)
+)
+
+_SET_CLOCK = (
+    update(ShareClockRow)
+    .where(ShareClockRow.queue == bindparam("of_queue"))
+    .values(clock=bindparam("new_clock"))
+)
 
 
-def _waiting_batches(session: Session, queue: str) -> list[WaitingBatch]:
+@functools.cache
+def _clock_row(dialect_name: str) -> Insert:
+    """A queue's clock row, made at 0 if it has none."""
+    dialect: Any = postgresql if dialect_name == "postgresql" else sqlite
+    insert: Insert = (
+        dialect.insert(ShareClockRow).values(queue=bindparam("of_queue"), clock=0.0)
+    ).on_conflict_do_nothing()
+    return insert
+
+
+@functools.cache
+def _set_finishes(dialect_name: str) -> Insert:
+    """Tenants' finishes, made or replaced (executed with a row of values each)."""
+    dialect: Any = postgresql if dialect_name == "postgresql" else sqlite
+    statement = dialect.insert(ShareRow)
+    upsert: Insert = statement.on_conflict_do_update(
+        index_elements=["queue", "tenant"], set_={"finish": statement.excluded.finish}
+    )
+    return upsert
+
+
+def _locked_clock(connection: Connection, queue: str) -> float:
+    connection.execute(_clock_row(connection.dialect.name), {"of_queue": queue})
+    return float(connection.scalar(_CLOCK, {"queue": queue}) or 0.0)
+
+
+def _waiting_batches(connection: Connection, queue: str) -> list[WaitingBatch]:
     """Batches in progress with a line of `queue` still queued."""
-    line_waiting = exists().where(
-        JobRow.batch_id == BatchRow.id, JobRow.status == _QUEUED, JobRow.queue == queue
-    )
-    rows = session.execute(
-        select(
-            BatchRow.id,
-            BatchRow.tenant,
-            tenant_weight(BatchRow.tenant).label("weight"),
-            BatchRow.priority,
-            BatchRow.expires_at,
-            BatchRow.created_at,
-        ).where(BatchRow.status == BatchStatus.IN_PROGRESS.value, line_waiting)
-    ).all()
     return [
         WaitingBatch(
             id=row.id,
@@ -117,21 +165,19 @@ def _waiting_batches(session: Session, queue: str) -> list[WaitingBatch]:
             expires_at=_utc(row.expires_at),
             created_at=_utc(row.created_at),
         )
-        for row in rows
+        for row in connection.execute(_WAITING, {"queue": queue})
     ]
 
 
-def _finishes(session: Session, queue: str, tenants: Sequence[str]) -> dict[str, float | None]:
-    rows = session.execute(
-        select(ShareRow.tenant, ShareRow.finish).where(
-            ShareRow.queue == queue, ShareRow.tenant.in_(tenants)
-        )
-    ).all()
+def _finishes(
+    connection: Connection, queue: str, tenants: Sequence[str]
+) -> dict[str, float | None]:
+    rows = connection.execute(_FINISHES, {"queue": queue, "tenants": list(tenants)})
     return {tenant: finish for tenant, finish in rows}
 
 
 def _claim_in_order(
-    session: Session,
+    connection: Connection,
     batches: list[WaitingBatch],
     count: int,
     *,
@@ -142,36 +188,22 @@ def _claim_in_order(
     input order; a batch found with none left is dropped from `batches`."""
     claimed: list[ClaimedJob] = []
     while batches and len(claimed) < count:
-        ids = session.scalars(
-            select(JobRow.id)
-            .where(
-                JobRow.batch_id == batches[0].id,
-                JobRow.status == _QUEUED,
-                JobRow.queue == queue,
-            )
-            .order_by(JobRow.line)
-            .limit(count - len(claimed))
-            .with_for_update(skip_locked=True)
+        wanted = count - len(claimed)
+        ids = connection.scalars(
+            _NEXT_LINES, {"batch_id": batches[0].id, "queue": queue, "count": wanted}
         ).all()
-        if len(ids) < count - len(claimed):
+        if len(ids) < wanted:
             batches.pop(0)
         if ids:
-            claimed += claim(ids, within=session.connection())
+            claimed += claim(ids, within=connection)
     return claimed
 
 
-def _save(session: Session, queue: str, *, clock: float, finishes: dict[str, float]) -> None:
-    session.execute(update(ShareClockRow).where(ShareClockRow.queue == queue).values(clock=clock))
+def _save(connection: Connection, queue: str, *, clock: float, finishes: dict[str, float]) -> None:
+    connection.execute(_SET_CLOCK, {"of_queue": queue, "new_clock": clock})
     rows = [{"queue": queue, "tenant": t, "finish": f} for t, f in sorted(finishes.items())]
-    if not rows:
-        return
-    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
-    statement = dialect.insert(ShareRow).values(rows)
-    session.execute(
-        statement.on_conflict_do_update(
-            index_elements=["queue", "tenant"], set_={"finish": statement.excluded.finish}
-        )
-    )
+    if rows:
+        connection.execute(_set_finishes(connection.dialect.name), rows)
 
 
 def _utc(value: datetime) -> datetime:

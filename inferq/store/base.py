@@ -73,25 +73,32 @@ class Store:
 
     @contextmanager
     def _driver(self) -> Iterator[psycopg.Connection[Any]]:
-        """psycopg's own connection, for one statement that commits on its own, for the
-        worker's hottest statements (its claims and flushes): run on the driver itself, a
-        statement costs a third of the CPU it costs through SQLAlchemy's connection. On
-        PostgreSQL only. An error of a lost connection is `StoreUnavailable`, and renews
-        the pool (as SQLAlchemy does when it sees one), so that one failed attempt, not
-        one per pooled connection, follows a database restart."""
-        with self._statement() as connection:
-            driver = connection.connection.driver_connection
-            assert isinstance(driver, psycopg.Connection)
-            try:
-                yield driver
-            except psycopg.Error as exc:
-                lost = driver.broken or driver.closed
-                if lost:
-                    connection.invalidate(exc)
-                    self._engine.dispose()
-                if lost or isinstance(exc, psycopg.OperationalError):
-                    raise StoreUnavailable(f"the database is unavailable: {exc}") from exc
-                raise
+        """psycopg's own connection, from the pool, for one statement that commits on its
+        own, for the worker's hottest statements (its claims and flushes): run on the
+        driver itself, a statement costs a third of the CPU it costs through SQLAlchemy's
+        connection. On PostgreSQL only. An error of a lost connection is
+        `StoreUnavailable`, and renews the pool (as SQLAlchemy does when it sees one), so
+        that one failed attempt, not one per pooled connection, follows a database
+        restart."""
+        with _translated():
+            pooled = self._engine.raw_connection()
+        driver = pooled.driver_connection
+        assert isinstance(driver, psycopg.Connection)
+        try:
+            driver.autocommit = True
+            yield driver
+        except psycopg.Error as exc:
+            lost = driver.broken or driver.closed
+            if lost:
+                pooled.invalidate(exc)
+                self._engine.dispose()
+            if lost or isinstance(exc, psycopg.OperationalError):
+                raise StoreUnavailable(f"the database is unavailable: {exc}") from exc
+            raise
+        finally:
+            if not (driver.broken or driver.closed):
+                driver.autocommit = False  # as the pool hands it to others
+            pooled.close()
 
     @contextmanager
     def _reading(self) -> Iterator[Session]:

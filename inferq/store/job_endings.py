@@ -11,6 +11,7 @@ SQLite (`inferq run`) takes the same steps one statement at a time (job_leases.p
 
 from __future__ import annotations
 
+import base64
 import functools
 import re
 from collections.abc import Sequence
@@ -44,23 +45,29 @@ def end_jobs(
 ) -> list[Ended]:
     """End the jobs of `outcomes` that are still queued or running, in one statement on
     psycopg's connection `driver` (which commits on its own); the jobs it ended."""
-    columns: dict[str, list[Any]] = {name: [] for name in _VALUES}
+    values = []
     for outcome in outcomes:
         result, error = outcome.result, outcome.error
-        columns["id"].append(outcome.job_id)
-        columns["status"].append(outcome.status.value)
-        columns["started_at"].append(outcome.started_at)
-        columns["choices"].append(
-            None if result is None else text_codec.dumps([c.to_dict() for c in result.choices])
-        )
-        columns["completion_tokens"].append(None if result is None else result.completion_tokens)
-        columns["embedding"].append(None if result is None else result.embedding)
-        columns["error"].append(None if error is None else text_codec.dumps(error.to_dict()))
-        columns["delivery_id"].append(new_id(DELIVERY_ID_PREFIX))
+        value: dict[str, Any] = {
+            "id": outcome.job_id,
+            "status": outcome.status.value,
+            "started_at": outcome.started_at,
+            "delivery_id": new_id(DELIVERY_ID_PREFIX),
+        }
+        if result is not None:
+            value["choices"] = [choice.to_dict() for choice in result.choices]
+            value["completion_tokens"] = result.completion_tokens
+            if result.embedding is not None:
+                value["embedding"] = base64.b64encode(result.embedding).decode()
+        if error is not None:
+            value["error"] = error.to_dict()
+        values.append(value)
     rows = driver.execute(
         _statement(),
         {
-            **columns,
+            # One JSON document, where arrays of each value cost psycopg more to send.
+            "values": text_codec.dumps(values),
+            "ids": [outcome.job_id for outcome in outcomes],
             "now": now,
             "hour": hour_of(now),
             "succeeded": JobStatus.SUCCEEDED.value,
@@ -70,15 +77,16 @@ def end_jobs(
     return [Ended(*row) for row in rows]
 
 
-# The values each outcome brings, and their types in Postgres. A value an outcome leaves
-# out (None: a failure has no choices, a result no error) leaves the job's as it is.
+# The values each outcome brings, and their types in Postgres (an embedding comes in
+# base64). A value an outcome leaves out (a failure has no choices, a result no error)
+# leaves the job's as it is.
 _VALUES = {
     "id": "varchar",
     "status": "varchar",
     "started_at": "timestamptz",
     "choices": "jsonb",
     "completion_tokens": "integer",
-    "embedding": "bytea",
+    "embedding": "text",
     "error": "jsonb",
     "delivery_id": "varchar",
 }
@@ -91,7 +99,7 @@ _BATCH_COUNTS = ("request_completed", "request_failed", "input_tokens", "output_
 
 _STATEMENT = """
 WITH v AS (
-    SELECT * FROM unnest({arrays}) AS v({names})
+    SELECT * FROM jsonb_to_recordset(%(values)s::jsonb) AS v({columns})
 ),
 ended AS (
     UPDATE {jobs} AS t
@@ -103,7 +111,7 @@ ended AS (
         -- runs once, before any job row is read ("InitPlan" in EXPLAIN).
         AND (SELECT count(*) FROM (
             SELECT b.id FROM {batches} AS b
-            WHERE b.id IN (SELECT j.batch_id FROM {jobs} AS j WHERE j.id = ANY(%(id)s))
+            WHERE b.id IN (SELECT j.batch_id FROM {jobs} AS j WHERE j.id = ANY(%(ids)s))
             ORDER BY b.id FOR UPDATE OF b
         ) AS locked) >= 0
     RETURNING t.id, t.tenant, t.key_id, t.model, t.batch_id, t.prompt_tokens,
@@ -168,13 +176,17 @@ def _statement() -> str:
     return (
         sql.SQL(bare)
         .format(
-            arrays=sql.SQL(", ").join(
-                sql.SQL("{}::{}[]").format(sql.Placeholder(name), sql.SQL(kind))
+            columns=sql.SQL(", ").join(
+                sql.SQL("{} {}").format(sql.Identifier(name), sql.SQL(kind))
                 for name, kind in _VALUES.items()
             ),
-            names=sql.SQL(", ").join(map(sql.Identifier, _VALUES)),
             kept=sql.SQL(", ").join(
-                sql.SQL("{name} = coalesce(v.{name}, t.{name})").format(name=sql.Identifier(name))
+                sql.SQL("{name} = coalesce({given}, t.{name})").format(
+                    name=sql.Identifier(name),
+                    given=sql.SQL("decode(v.embedding, 'base64')")
+                    if name == "embedding"
+                    else sql.SQL("v.{}").format(sql.Identifier(name)),
+                )
                 for name in _KEPT_UNLESS_GIVEN
             ),
             jobs=sql.Identifier(JobRow.__tablename__),

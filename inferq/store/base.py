@@ -80,8 +80,11 @@ class Store:
         `StoreUnavailable`, and renews the pool (as SQLAlchemy does when it sees one), so
         that one failed attempt, not one per pooled connection, follows a database
         restart."""
-        with _translated():
-            pooled = self._engine.raw_connection()
+        try:
+            with _translated():
+                pooled = self._engine.raw_connection()
+        except psycopg.OperationalError as exc:  # the pool hands the driver's error on
+            raise StoreUnavailable(f"the database is unavailable: {exc}") from exc
         driver = pooled.driver_connection
         assert isinstance(driver, psycopg.Connection)
         try:

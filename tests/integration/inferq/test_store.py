@@ -185,8 +185,14 @@ def test_listing_pages_newest_first_with_a_status_filter(store: JobStore, clock:
 
 def test_an_unreachable_database_raises_store_unavailable() -> None:
     engine = make_engine("postgresql+psycopg://postgres@127.0.0.1:1/none", pool_size=1)
+    store = JobStore(make_sessions(engine))
     with pytest.raises(StoreUnavailable):
-        JobStore(make_sessions(engine)).ping()
+        store.ping()
+    # A worker's claims and flushes, which run on the driver's own connection, too.
+    with pytest.raises(StoreUnavailable):
+        store.claim_jobs(["job_x"], worker="w", lease_s=60)
+    with pytest.raises(StoreUnavailable):
+        store.finish_jobs([JobOutcome(job_id="job_x", result=_result())])
 
 
 def test_a_worker_whose_connections_were_lost_fails_one_claim_then_claims(

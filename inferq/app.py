@@ -46,12 +46,21 @@ from inferq.wire.model_catalog import ModelCatalog, RequestLimits
 
 class App:
     """One per process. `pool_size`: the database connections it keeps open (each thread
-    that talks to Postgres at once needs one); `pre_ping`: see `make_engine`."""
+    that talks to Postgres at once needs one); `pre_ping`: see `make_engine`;
+    `hold_connections`: the job store's threads keep theirs (see `inferq.store.base.Store`)."""
 
-    def __init__(self, settings: Settings, *, pool_size: int = 10, pre_ping: bool = True) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        pool_size: int = 10,
+        pre_ping: bool = True,
+        hold_connections: bool = False,
+    ) -> None:
         self.settings = settings
         self._pool_size = pool_size
         self._pre_ping = pre_ping
+        self._hold_connections = hold_connections
 
     def close(self) -> None:
         """Let go of the database connections (a process that ends need not call it)."""
@@ -105,7 +114,11 @@ class App:
 
     @cached_property
     def jobs(self) -> JobStore:
-        return JobStore(self.sessions, on_webhooks=self.publisher.publish_webhooks)
+        return JobStore(
+            self.sessions,
+            on_webhooks=self.publisher.publish_webhooks,
+            hold_connections=self._hold_connections,
+        )
 
     @cached_property
     def batches(self) -> BatchStore:

@@ -121,8 +121,10 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
     worker_name = name or default_worker_name(settings.model_name)
     # Before anything loads: one line and a non-zero exit if this host cannot run the model.
     settings = engine_settings(settings)
-    # Every store call of the worker is retried, so a database restart may cost one.
-    app = App(settings, pool_size=4, pre_ping=False)
+    # Every store call of the worker is retried, so a database restart may cost one. The
+    # threads that claim and flush (Celery's consumer, the feeder, the writer) keep a
+    # connection each, beside the pool's four for the rest.
+    app = App(settings, pool_size=7, pre_ping=False, hold_connections=True)
     # Known before the weights load (minutes, for a large model): the API accepts and
     # queues the model's work from now on, where it would say 404 until the worker is up.
     if announced := app.served_models.announce(served_by(settings)):

@@ -3,10 +3,13 @@ SQLite (the store behind `inferq run`), migrated by the same Alembic migrations.
 
 from __future__ import annotations
 
+import gc
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
 
+import psycopg
 import pytest
 
 from inferq.domain.jobs import (
@@ -195,15 +198,17 @@ def test_an_unreachable_database_raises_store_unavailable() -> None:
         store.finish_jobs([JobOutcome(job_id="job_x", result=_result())])
 
 
+@pytest.mark.parametrize("hold", [False, True], ids=["pooled", "held"])
 def test_a_worker_whose_connections_were_lost_fails_one_claim_then_claims(
-    database_url: str,
+    database_url: str, hold: bool
 ) -> None:
     # As a worker's store: no check of a connection before its use.
     engine = make_engine(database_url, pool_size=2, pre_ping=False)
-    store = JobStore(make_sessions(engine))
+    store = JobStore(make_sessions(engine), hold_connections=hold)
     a, b = create_jobs(store, [_spec(), _spec()], queue="interactive")
     with engine.connect(), engine.connect():
         pass  # two connections in the pool
+    store.claim_jobs(["job_x"], worker="w", lease_s=60)  # held, when the store holds them
     killer = make_engine(database_url, pool_size=1)
     with killer.connect() as connection:
         connection.exec_driver_sql(
@@ -220,4 +225,54 @@ def test_a_worker_whose_connections_were_lost_fails_one_claim_then_claims(
         pass
     assert store.finish_jobs([JobOutcome(job_id=a.id, result=_result())]) == [a.id]
     assert [j.id for j in store.claim_jobs([b.id], worker="w", lease_s=60)] == [b.id]
+    store.let_go()
+    engine.dispose()
+
+
+def test_a_store_that_holds_connections_keeps_one_a_thread_until_the_thread_ends(
+    database_url: str,
+) -> None:
+    engine = make_engine(database_url, pool_size=2, pre_ping=False)
+    store = JobStore(make_sessions(engine), hold_connections=True)
+    jobs = create_jobs(store, [_spec() for _ in range(3)], queue="interactive")
+
+    def backend() -> int:
+        with store._driver() as driver:
+            row = driver.execute("SELECT pg_backend_pid()").fetchone()
+            assert row is not None
+            return int(row[0])
+
+    store.claim_jobs([jobs[0].id], worker="w", lease_s=60)
+    mine = backend()
+    assert store.finish_jobs([JobOutcome(job_id=jobs[0].id, result=_result())]) == [jobs[0].id]
+    assert backend() == mine  # the same connection for every statement of this thread
+    assert engine.pool.checkedout() == 1
+
+    others: list[int] = []
+
+    def claim_in_a_thread() -> None:
+        store.claim_jobs([jobs[1].id], worker="w", lease_s=60)
+        others.append(backend())
+
+    thread = threading.Thread(target=claim_in_a_thread)
+    thread.start()
+    thread.join()
+    [theirs] = others
+    assert theirs != mine  # a connection of its own while it ran
+    del thread
+    gc.collect()
+    assert engine.pool.checkedout() == 1  # back in the pool once its thread ended
+
+    # A statement that fails on a healthy connection leaves it held and usable.
+    with pytest.raises(psycopg.errors.UndefinedTable), store._driver() as driver:
+        driver.execute("SELECT * FROM no_such_table")
+    assert backend() == mine
+    assert [j.id for j in store.claim_jobs([jobs[2].id], worker="w", lease_s=60)] == [jobs[2].id]
+
+    # A store that does not hold them returns each to the pool.
+    pooled = JobStore(make_sessions(engine))
+    pooled.claim_jobs(["job_x"], worker="w", lease_s=60)
+    assert engine.pool.checkedout() == 1
+    store.let_go()
+    assert engine.pool.checkedout() == 0
     engine.dispose()

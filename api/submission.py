@@ -5,6 +5,7 @@ away."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Sequence
@@ -17,7 +18,7 @@ from api.ratelimit import RateLimiter
 from api.token_follower import riding_out
 from api.waiter import JobWaiter, ReadJob
 from inferq.domain.api_keys import Principal
-from inferq.domain.jobs import Job, JobSpec
+from inferq.domain.jobs import Choice, Job, JobResult, JobSpec, JobStatus
 from inferq.domain.served_models import Runner
 from inferq.domain.webhooks import WebhookRequest
 from inferq.exceptions import InferqError
@@ -111,14 +112,31 @@ class Submission:
             log.info("cancelled job %s: its client hung up", job_id, extra={"job_id": job_id})
 
     async def until_ended(
-        self, job: Job, *, read: ReadJob, request: Request, scope: str | None
+        self,
+        job: Job,
+        *,
+        read: ReadJob,
+        request: Request,
+        scope: str | None,
+        announced: bool = False,
     ) -> Job:
         """The job once it has ended (waiting out a Postgres restart); if the client hangs
-        up first, it is cancelled."""
-        job = await self._waiter.until_ended(job.id, riding_out(read), gone=hung_up(request))
+        up first, it is cancelled. `announced`: a success announced with its result is
+        taken as it was announced, not read back (where only the job's status, result and
+        what it was submitted with are used)."""
+        ended = functools.partial(_succeeded, job) if announced else None
+        job = await self._waiter.until_ended(
+            job.id, riding_out(read), gone=hung_up(request), ended=ended
+        )
         if not job.status.is_terminal:
             await self.cancel_abandoned(job.id, scope=scope)
         return job
+
+
+def _succeeded(job: Job, choices: tuple[Choice, ...]) -> Job:
+    """`job` as it succeeded with `choices` (as a read of it would give them)."""
+    result = JobResult(choices=choices, prompt_tokens=job.prompt_tokens)
+    return dataclasses.replace(job, status=JobStatus.SUCCEEDED, result=result)
 
 
 async def hung_up(request: Request) -> None:

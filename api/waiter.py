@@ -1,7 +1,9 @@
 """Long-poll support: wakes requests waiting on a job when the worker reports it done (and
 those following a batch's output when lines of it end).
 
-Each job's end is announced on a channel of its own (`inferq.broker.events`). An API process
+Each job's end is announced on a channel of its own (`inferq.broker.events`), a single
+job's with its result, which a wait that knows the job (`until_ended`'s `ended`) answers
+with, reading nothing. An API process
 subscribes to a job's channel only while a request waits on it, on one pub/sub connection
 shared by every waiting request, so it hears of its own jobs and nothing else.
 
@@ -28,9 +30,9 @@ from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 
-from inferq.broker.events import batch_progress_channel, done_channel
+from inferq.broker.events import batch_progress_channel, done_channel, result_announced
 from inferq.constants import API_CHANNEL
-from inferq.domain.jobs import Job
+from inferq.domain.jobs import Choice, Job
 from inferq.exceptions import InferqError
 from inferq.host import supervision
 
@@ -45,6 +47,19 @@ RECONNECT_S = 1.0
 RECHECK_S = 1.0
 
 ReadJob = Callable[[str], Awaitable[Job]]
+# The job as it ended, from the choices its announcement carried.
+EndedJob = Callable[[tuple[Choice, ...]], Job]
+
+
+class Woken(asyncio.Event):
+    """Set when a watched job's end (or a batch's progress) is announced; `announced`:
+    what the last announcement carried."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.announced: bytes | str = b""
+
+
 # Which of these jobs have ended (called in a worker thread).
 EndedAmong = Callable[[list[str]], Collection[str]]
 
@@ -60,7 +75,7 @@ class JobWaiter:
         self._jobs: dict[str, str] = {}
         # Always subscribed, so the listener blocks on the socket even with nobody waiting.
         self._own_channel = f"{key_prefix}{API_CHANNEL}:{secrets.token_hex(8)}"
-        self._watchers: dict[str, set[asyncio.Event]] = {}
+        self._watchers: dict[str, set[Woken]] = {}
         self._confirmations: dict[str, asyncio.Future[None]] = {}
         self._pubsub: PubSub | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -83,21 +98,19 @@ class JobWaiter:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    def watch(self, job_id: str) -> contextlib.AbstractAsyncContextManager[asyncio.Event]:
+    def watch(self, job_id: str) -> contextlib.AbstractAsyncContextManager[Woken]:
         """An event set whenever `job_id` is reported finished while the block runs; the
         subscription is in place (or Redis is unreachable) when the block starts."""
         return self._watch(done_channel(self._key_prefix, job_id), job_id=job_id)
 
-    def watch_batch(self, batch_id: str) -> contextlib.AbstractAsyncContextManager[asyncio.Event]:
+    def watch_batch(self, batch_id: str) -> contextlib.AbstractAsyncContextManager[Woken]:
         """An event set whenever lines of `batch_id` are reported ended while the block
         runs (as `watch` for a job)."""
         return self._watch(batch_progress_channel(self._key_prefix, batch_id))
 
     @contextlib.asynccontextmanager
-    async def _watch(
-        self, channel: str, *, job_id: str | None = None
-    ) -> AsyncIterator[asyncio.Event]:
-        event = asyncio.Event()
+    async def _watch(self, channel: str, *, job_id: str | None = None) -> AsyncIterator[Woken]:
+        event = Woken()
         watchers = self._watchers.setdefault(channel, set())
         first = not watchers
         watchers.add(event)
@@ -123,9 +136,12 @@ class JobWaiter:
         *,
         timeout_s: float | None = None,
         gone: Awaitable[None] | None = None,
+        ended: EndedJob | None = None,
     ) -> Job:
         """The job (`read(job_id)`) once it has ended, or as it is when `timeout_s` has
-        passed or `gone` (the client hung up, say) has completed first."""
+        passed or `gone` (the client hung up, say) has completed first. With `ended`, an
+        announcement that carries the job's result ends the wait with `ended(choices)`,
+        without a read."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         given_up = None if gone is None else asyncio.ensure_future(gone)
         try:
@@ -149,6 +165,8 @@ class JobWaiter:
                         break
                     # Cleared before the read: an end announced during it wakes us again.
                     woken.clear()
+                    if ended is not None and (choices := result_announced(woken.announced)):
+                        return ended(choices)
                     job = await read(job_id)
         finally:
             if given_up is not None:
@@ -182,7 +200,9 @@ class JobWaiter:
         channel = message["channel"]
         name = channel.decode() if isinstance(channel, bytes) else str(channel)
         if message["type"] == "message":
+            data = message["data"]
             for event in self._watchers.get(name, ()):
+                event.announced = data if isinstance(data, bytes | str) else b""
                 event.set()
         elif message["type"] == "subscribe":
             confirmation = self._confirmations.get(name)

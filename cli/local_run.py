@@ -14,7 +14,7 @@ import hashlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -270,7 +270,13 @@ class _NoBroker:
 class _NoListeners:
     """Nobody long-polls a local run: finished jobs are announced to no one."""
 
-    def finished(self, job_ids: Sequence[str], *, batch_ids: Sequence[str] = ()) -> None:
+    def finished(
+        self,
+        job_ids: Sequence[str],
+        *,
+        batch_ids: Sequence[str] = (),
+        results: Mapping[str, bytes] | None = None,
+    ) -> None:
         pass
 
 

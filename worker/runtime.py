@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
-from inferq.broker.events import FinishedJobs
+from inferq.broker.events import FinishedJobs, announced_result
 from inferq.broker.token_stream import TokenEvent
 from inferq.domain.jobs import ClaimedJob, JobOutcome, engine_priority
 from inferq.exceptions import JobsReturned, StoreUnavailable
@@ -318,7 +318,13 @@ class EngineRuntime:
         done = set(written)
         tickets = self._door.tickets([o.job_id for o in outcomes if o.job_id in done])
         batch_ids = {t.batch_id for t in tickets if t.batch_id is not None}
-        self._events.finished(written, batch_ids=sorted(batch_ids))
+        # A single job's result goes with its announcement: its waiter need not read it.
+        announced = {
+            o.job_id: announced_result(o.result)
+            for o in outcomes
+            if o.result is not None and not o.bulk and o.job_id in done
+        }
+        self._events.finished(written, batch_ids=sorted(batch_ids), results=announced)
         for ticket in tickets:
             if ticket.created_at is not None:
                 self._metrics.job_latency.observe((now - ticket.created_at).total_seconds())

@@ -107,7 +107,7 @@ async def _complete(
         )
         hangup = functools.partial(submission.cancel_abandoned, job.id, scope=scope)
         return event_stream(chunks, on_hangup=hangup, headers=headers)
-    job = await submission.until_ended(job, read=read, request=request, scope=scope)
+    job = await submission.until_ended(job, read=read, request=request, scope=scope, announced=True)
     return JSONResponse(_completion(job, chat=chat), headers=headers)
 
 

@@ -5,13 +5,17 @@ A job's end is published on a channel of its own, so Redis delivers it only to t
 processes that have a request waiting on that job (they subscribe while it waits), not to
 every API process. Pub/sub is a hint that saves latency, never the truth: whoever listens
 also re-reads Postgres on a timer, so a lost message costs a second, not a job.
+
+A single job's announcement carries its choices as committed (`announced_result`), so the
+request that waits on it answers without reading it back from Postgres; a batch line's,
+an embedding's, a failure's and a cancel's carry nothing, and their waiters read the job.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from redis import Redis
@@ -22,6 +26,7 @@ from inferq.constants import (
     JOBS_CANCEL_CHANNEL,
     JOBS_DONE_CHANNEL,
 )
+from inferq.domain.jobs import Choice, JobResult
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +50,36 @@ def decode_ids(data: bytes | str) -> list[str]:
     return [str(i) for i in ids] if isinstance(ids, list) else []
 
 
+def announced_result(result: JobResult) -> bytes:
+    """What a job's end announces of its committed result: its choices, as stored (an
+    embedding's vectors are not sent: b"")."""
+    if result.embedding is not None:
+        return b""
+    return json.dumps([choice.to_dict() for choice in result.choices]).encode()
+
+
+def result_announced(data: bytes | str) -> tuple[Choice, ...] | None:
+    """The choices an announcement carries, or None if it carries none (or none this
+    process can read: its waiter then reads the job)."""
+    if not data:
+        return None
+    try:
+        return tuple(Choice.from_dict(choice) for choice in json.loads(data))
+    except (ValueError, TypeError, KeyError):
+        log.debug("an announcement whose result cannot be read: %r", data[:200])
+        return None
+
+
 class FinishedJobs(Protocol):
     """Who hears that jobs' results are committed: Redis pub/sub, or nobody (`inferq run`)."""
 
-    def finished(self, job_ids: Sequence[str], *, batch_ids: Sequence[str] = ()) -> None: ...
+    def finished(
+        self,
+        job_ids: Sequence[str],
+        *,
+        batch_ids: Sequence[str] = (),
+        results: Mapping[str, bytes] | None = None,
+    ) -> None: ...
 
 
 class JobEvents:
@@ -59,15 +90,23 @@ class JobEvents:
         self._key_prefix = key_prefix
         self._cancel = cancel_channel(key_prefix)
 
-    def finished(self, job_ids: Sequence[str], *, batch_ids: Sequence[str] = ()) -> None:
-        """Announce each job on its own channel, and once each batch some of them are
-        lines of (`batch_ids`) on the batch's, all in one round trip."""
+    def finished(
+        self,
+        job_ids: Sequence[str],
+        *,
+        batch_ids: Sequence[str] = (),
+        results: Mapping[str, bytes] | None = None,
+    ) -> None:
+        """Announce each job on its own channel, with its committed result where
+        `results` has it (`announced_result`), and once each batch some of them are lines
+        of (`batch_ids`) on the batch's, all in one round trip."""
         if not job_ids:
             return
+        results = results or {}
         try:
             with self._redis.pipeline(transaction=False) as pipe:
                 for job_id in job_ids:
-                    pipe.publish(done_channel(self._key_prefix, job_id), b"")
+                    pipe.publish(done_channel(self._key_prefix, job_id), results.get(job_id, b""))
                 for batch_id in batch_ids:
                     pipe.publish(batch_progress_channel(self._key_prefix, batch_id), b"")
                 pipe.execute()

@@ -107,7 +107,13 @@ def test_a_streamed_chat_equals_the_same_seeded_chat_unstreamed(stack: Stack) ->
     streamed = wait_job(stack, job_id_of(chunks[0].id), "succeeded")
     assert streamed["stream"] is True
     assert streamed["choices"][0]["text"] == choice.message.content
-    assert wait_job(stack, job_id_of(whole.id), "succeeded")["stream"] is False
+    stored = wait_job(stack, job_id_of(whole.id), "succeeded")
+    assert stored["stream"] is False
+    # The unstreamed answer (from the job's announcement, not read back) is what is stored.
+    assert stored["choices"][0]["text"] == choice.message.content
+    assert stored["choices"][0]["finish_reason"] == choice.finish_reason
+    assert stored["usage"]["completion_tokens"] == whole.usage.completion_tokens
+    assert stored["usage"]["prompt_tokens"] == whole.usage.prompt_tokens
 
 
 def test_n_choices_stream_with_their_index_and_logprobs_through_the_async_client(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import Collection
 
@@ -14,8 +15,8 @@ from redis.asyncio import Redis as AsyncRedis
 
 import api.waiter
 from api.waiter import JobWaiter
-from inferq.broker.events import done_channel
-from inferq.domain.jobs import Job, JobStatus
+from inferq.broker.events import announced_result, done_channel
+from inferq.domain.jobs import Choice, Job, JobResult, JobStatus
 from tests.conftest import REDIS_URL
 from tests.helpers import jobs as job_helpers
 
@@ -83,6 +84,47 @@ def test_an_announced_end_wakes_the_wait(key_prefix: str) -> None:
     assert job.status is JobStatus.SUCCEEDED
     assert time.monotonic() - started < 10
     assert jobs.reads == 2  # when the wait began, and when woken
+
+
+def succeeded(job: Job, choices: tuple[Choice, ...]) -> Job:
+    result = JobResult(choices=choices, prompt_tokens=job.prompt_tokens)
+    return dataclasses.replace(job, status=JobStatus.SUCCEEDED, result=result)
+
+
+@pytest.mark.parametrize("with_result", [True, False], ids=["with-result", "without"])
+def test_an_end_announced_with_its_result_is_answered_without_a_read(
+    key_prefix: str, with_result: bool
+) -> None:
+    jobs = Jobs()
+    choices = (Choice(index=0, text="hi \u0000 there", finish_reason="stop", completion_tokens=3),)
+    announced = announced_result(JobResult(choices=choices, prompt_tokens=1))
+
+    async def scenario(waiter: JobWaiter, redis: AsyncRedis) -> Job:
+        wait = asyncio.create_task(
+            waiter.until_ended(
+                jobs.job.id,
+                jobs.read,
+                timeout_s=30,
+                ended=functools.partial(succeeded, jobs.job),
+            )
+        )
+        while jobs.reads == 0:
+            await asyncio.sleep(0.01)
+        jobs.end()
+        # A failure, a cancel or an embedding is announced with nothing: the job is read.
+        await redis.publish(
+            done_channel(key_prefix, jobs.job.id), announced if with_result else b""
+        )
+        return await wait
+
+    job = waiting(key_prefix, jobs, scenario, sweep=False)
+    assert job.status is JobStatus.SUCCEEDED
+    if with_result:
+        assert job.result is not None
+        assert job.result.choices == choices
+        assert jobs.reads == 1  # when the wait began only
+    else:
+        assert jobs.reads == 2
 
 
 def test_an_end_whose_announcement_was_lost_is_found_by_the_sweep(

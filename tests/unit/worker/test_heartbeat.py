@@ -49,7 +49,7 @@ class Watch:
 
 
 class Announced:
-    def finished(self, job_ids: object, *, batch_ids: object = ()) -> None:
+    def finished(self, job_ids: object, *, batch_ids: object = (), results: object = None) -> None:
         pass
 
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from inferq.broker.events import result_announced
 from inferq.domain.jobs import ClaimedJob, JobOutcome, JobResult, JobStatus, engine_priority
 from inferq.exceptions import JobsReturned
 from tests.helpers.fakes import HeldEngine, MemoryJobStore, StepEngine
@@ -30,10 +31,18 @@ class _Announced:
     def __init__(self) -> None:
         self.job_ids: list[str] = []
         self.batch_ids: list[str] = []
+        self.results: dict[str, bytes] = {}
 
-    def finished(self, job_ids: Sequence[str], *, batch_ids: Sequence[str] = ()) -> None:
+    def finished(
+        self,
+        job_ids: Sequence[str],
+        *,
+        batch_ids: Sequence[str] = (),
+        results: Mapping[str, bytes] | None = None,
+    ) -> None:
         self.job_ids.extend(job_ids)
         self.batch_ids.extend(batch_ids)
+        self.results.update(results or {})
 
 
 class Task:
@@ -144,6 +153,12 @@ def test_a_task_returns_once_the_outcomes_of_its_jobs_are_written(
         assert outcome.result.choices[0].text == f"done {job_id}"
         assert store.status(job_id) is JobStatus.SUCCEEDED
     assert sorted(events.job_ids) == ["a", "b", "c"]
+    # Each announced with its result, as committed: whoever waits need not read it.
+    for job_id in ("a", "b", "c"):
+        outcome = store.jobs[job_id].outcome
+        assert outcome is not None
+        assert outcome.result is not None
+        assert result_announced(events.results[job_id]) == outcome.result.choices
     assert runtime.held == 0
     assert engine.requests["a"].priority == engine_priority(0, interactive=True)
     minute = runtime.last_minute.total()
@@ -445,10 +460,14 @@ def test_the_feeder_brings_batch_lines_in_and_nobody_waits_on_them(
     lines = [f"line-{i}" for i in range(20)]
     for job_id in lines:
         store.add(job_id, batch_id="batch", priority=5)
-    runtime = make_runtime(store=store, engine=(engine := StepEngine()), batch_queue=QUEUE)
+    events = _Announced()
+    runtime = make_runtime(
+        store=store, engine=(engine := StepEngine()), events=events, batch_queue=QUEUE
+    )
 
     assert store.wait_for(lambda: all(store.status(j) is JobStatus.SUCCEEDED for j in lines))
     assert wait_until(lambda: runtime.held == 0)
+    assert events.results == {}  # nobody waits on a line alone: announced without it
     # In the order they were claimed, and all at one priority: the claim decided.
     assert engine.admitted == lines
     assert {r.priority for r in engine.requests.values()} == {engine_priority(0, interactive=False)}

@@ -88,8 +88,8 @@ class Store:
         own, for the worker's hottest statements (its claims and flushes): run on the
         driver itself, a statement costs a third of the CPU it costs through SQLAlchemy's
         connection. On PostgreSQL only. A store that holds connections keeps it for the
-        thread's next statement (the pool's checkout and return cost a tenth of a
-        millisecond each time); otherwise it goes back to the pool.
+        thread's next statement (the pool's checkout and return, with autocommit switched on
+        and off, cost about 45 µs of CPU a statement); otherwise it goes back to the pool.
 
         An error of a lost connection is `StoreUnavailable`, and renews the pool (as
         SQLAlchemy does when it sees one), so that one failed attempt, not one per

@@ -25,6 +25,7 @@ from inferq.exceptions import InferqError
 from inferq.operations.jobs import JobOperations
 from inferq.operations.webhooks import WebhookOperations
 from inferq.store.idempotency import IdempotentRequest
+from inferq.store.job_rows import new_job_id
 from inferq.store.jobs import NewJob
 from inferq.wire.model_catalog import CatalogModel, ModelCatalog
 
@@ -86,8 +87,10 @@ class Submission:
         *,
         webhook: WebhookRequest | None = None,
         idempotency: IdempotentRequest | None = None,
+        job_id: str | None = None,
     ) -> Job:
-        """Count the job against the caller's token limit, then queue it."""
+        """Count the job against the caller's token limit, then queue it (as `job_id`,
+        if given: see `new_job_id`)."""
         await self._rate_limiter.tokens(
             principal, len(spec.prompt_token_ids) + spec.sampling.max_tokens * spec.sampling.n
         )
@@ -99,6 +102,7 @@ class Submission:
                 quota=principal.quota.any,
                 webhook=webhook,
                 idempotency=idempotency,
+                id=job_id,
             )
         )
 
@@ -111,25 +115,31 @@ class Submission:
         else:
             log.info("cancelled job %s: its client hung up", job_id, extra={"job_id": job_id})
 
-    async def until_ended(
+    async def run(
         self,
-        job: Job,
+        principal: Principal,
+        spec: JobSpec,
         *,
         read: ReadJob,
         request: Request,
-        scope: str | None,
         announced: bool = False,
     ) -> Job:
-        """The job once it has ended (waiting out a Postgres restart); if the client hangs
-        up first, it is cancelled. `announced`: a success announced with its result is
-        taken as it was announced, not read back (where only the job's status, result and
-        what it was submitted with are used)."""
-        ended = functools.partial(_succeeded, job) if announced else None
-        job = await self._waiter.until_ended(
-            job.id, riding_out(read), gone=hung_up(request), ended=ended
-        )
+        """Queue the job and return it once it has ended (waiting out a Postgres restart);
+        if the client hangs up first, it is cancelled.
+
+        Its end is watched for before it is written, so it is not read before the wait.
+        `announced`: a success announced with its result is taken as it was announced,
+        not read back (where only the job's status, result and what it was submitted
+        with are used)."""
+        job_id = new_job_id()
+        async with self._waiter.watch(job_id) as woken:
+            job = await self.submit(principal, spec, job_id=job_id)
+            ended = functools.partial(_succeeded, job) if announced else None
+            job = await self._waiter.wait(
+                woken, job, riding_out(read), gone=hung_up(request), ended=ended
+            )
         if not job.status.is_terminal:
-            await self.cancel_abandoned(job.id, scope=scope)
+            await self.cancel_abandoned(job.id, scope=principal.scope)
         return job
 
 

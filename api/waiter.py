@@ -2,17 +2,19 @@
 those following a batch's output when lines of it end).
 
 Each job's end is announced on a channel of its own (`inferq.broker.events`), a single
-job's with its result, which a wait that knows the job (`until_ended`'s `ended`) answers
-with, reading nothing. An API process
-subscribes to a job's channel only while a request waits on it, on one pub/sub connection
-shared by every waiting request, so it hears of its own jobs and nothing else.
+job's with its result, which a wait that knows the job (`wait`'s `ended`) answers with,
+reading nothing. An API process subscribes to a job's channel only while a request waits
+on it, on one pub/sub connection shared by every waiting request, so it hears of its own
+jobs and nothing else. A request that submits the job it waits on subscribes before the
+job is written (its id chosen beforehand), so it need not read the job to learn whether
+it ended before the subscription.
 
 An announcement is lost only when its publish fails or the pub/sub connection drops (the
 waiter then wakes every request when it reconnects). For those, one sweep a
 `RECHECK_S` asks Postgres which of the jobs waited on have ended, in one query for all of
-them, and wakes their requests: a request reads its job when it starts waiting and when
-woken, never on a timer of its own (64 requests re-reading each second cost the API more
-CPU than everything else it did for them).
+them, and wakes their requests: a request reads its job when it starts waiting (unless
+it wrote it) and when woken, never on a timer of its own (64 requests re-reading each
+second cost the API more CPU than everything else it did for them).
 """
 
 from __future__ import annotations
@@ -139,35 +141,57 @@ class JobWaiter:
         ended: EndedJob | None = None,
     ) -> Job:
         """The job (`read(job_id)`) once it has ended, or as it is when `timeout_s` has
-        passed or `gone` (the client hung up, say) has completed first. With `ended`, an
-        announcement that carries the job's result ends the wait with `ended(choices)`,
-        without a read."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        passed or `gone` (the client hung up, say) has completed first (see `wait`)."""
         given_up = None if gone is None else asyncio.ensure_future(gone)
         try:
             async with self.watch(job_id) as woken:
                 # Read only once the subscription is in place, so no announced end is missed.
                 job = await read(job_id)
-                while not job.status.is_terminal:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if (left is not None and left <= 0) or (given_up and given_up.done()):
-                        break
-                    waiting = asyncio.ensure_future(woken.wait())
-                    try:
-                        await asyncio.wait(
-                            {waiting} if given_up is None else {waiting, given_up},
-                            timeout=left,
-                            return_when=FIRST_COMPLETED,
-                        )
-                    finally:
-                        waiting.cancel()
-                    if given_up is not None and given_up.done():
-                        break
-                    # Cleared before the read: an end announced during it wakes us again.
-                    woken.clear()
-                    if ended is not None and (choices := result_announced(woken.announced)):
-                        return ended(choices)
-                    job = await read(job_id)
+                return await self.wait(
+                    woken, job, read, timeout_s=timeout_s, gone=given_up, ended=ended
+                )
+        finally:
+            if given_up is not None:
+                given_up.cancel()
+
+    async def wait(
+        self,
+        woken: Woken,
+        job: Job,
+        read: ReadJob,
+        *,
+        timeout_s: float | None = None,
+        gone: Awaitable[None] | None = None,
+        ended: EndedJob | None = None,
+    ) -> Job:
+        """`job`, watched (`woken`, from `watch(job.id)`) since before it was last read or
+        written, once it has ended, or as last read when `timeout_s` has passed or `gone`
+        has completed first. Each wake-up reads it again (`read(job.id)`); with `ended`,
+        an announcement that carries the job's result ends the wait with
+        `ended(choices)`, without a read."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        given_up = None if gone is None else asyncio.ensure_future(gone)
+        try:
+            while not job.status.is_terminal:
+                left = None if deadline is None else deadline - time.monotonic()
+                if (left is not None and left <= 0) or (given_up and given_up.done()):
+                    break
+                waiting = asyncio.ensure_future(woken.wait())
+                try:
+                    await asyncio.wait(
+                        {waiting} if given_up is None else {waiting, given_up},
+                        timeout=left,
+                        return_when=FIRST_COMPLETED,
+                    )
+                finally:
+                    waiting.cancel()
+                if given_up is not None and given_up.done():
+                    break
+                # Cleared before the read: an end announced during it wakes us again.
+                woken.clear()
+                if ended is not None and (choices := result_announced(woken.announced)):
+                    return ended(choices)
+                job = await read(job.id)
         finally:
             if given_up is not None:
                 given_up.cancel()

@@ -92,23 +92,22 @@ async def _complete(
 ) -> Response:
     submission = following.submission
     spec = await submission.checked(body.model, prompt_chars, functools.partial(_spec, body))
-    job = await submission.submit(principal, spec)
-    headers = {JOB_ID_HEADER: job.id}
     scope = principal.scope
 
     async def read(job_id: str) -> Job:
         return await following.read((job_id, scope))
 
-    if body.stream:
-        followed = following.follower.follow(job, read=read, held=holds_output(job, chat=chat))
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
-        chunks = openai_chunks(
-            followed, job=job, chat=chat, model=job.model, include_usage=include_usage
-        )
-        hangup = functools.partial(submission.cancel_abandoned, job.id, scope=scope)
-        return event_stream(chunks, on_hangup=hangup, headers=headers)
-    job = await submission.until_ended(job, read=read, request=request, scope=scope, announced=True)
-    return JSONResponse(_completion(job, chat=chat), headers=headers)
+    if not body.stream:
+        job = await submission.run(principal, spec, read=read, request=request, announced=True)
+        return JSONResponse(_completion(job, chat=chat), headers={JOB_ID_HEADER: job.id})
+    job = await submission.submit(principal, spec)
+    followed = following.follower.follow(job, read=read, held=holds_output(job, chat=chat))
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    chunks = openai_chunks(
+        followed, job=job, chat=chat, model=job.model, include_usage=include_usage
+    )
+    hangup = functools.partial(submission.cancel_abandoned, job.id, scope=scope)
+    return event_stream(chunks, on_hangup=hangup, headers={JOB_ID_HEADER: job.id})
 
 
 def _spec(body: ChatBody | CompletionBody, model: CatalogModel) -> JobSpec:

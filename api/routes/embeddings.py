@@ -42,13 +42,12 @@ async def embeddings(
     """Embeddings of texts or token ids (OpenAI's shape), answered when they are ready."""
     build = functools.partial(embedding_spec, body)
     spec = await submission.checked(body.model, body.size, build, runner="pooling")
-    job = await submission.submit(principal, spec)
     scope = principal.scope
 
     async def read(job_id: str) -> Job:
         return await reads((job_id, scope))
 
-    job = await submission.until_ended(job, read=read, request=request, scope=scope)
+    job = await submission.run(principal, spec, read=read, request=request)
     return JSONResponse(_embeddings(job), headers={JOB_ID_HEADER: job.id})
 
 

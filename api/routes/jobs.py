@@ -27,6 +27,7 @@ from api.schemas import JobCreate, JobList
 from api.streams import event_stream, job_deltas
 from inferq.domain.jobs import Job, JobSpec, JobStatus
 from inferq.store.idempotency import IdempotentRequest
+from inferq.store.job_rows import new_job_id
 from inferq.wire.model_catalog import CatalogModel
 from inferq.wire.public import JobPublic
 
@@ -70,21 +71,34 @@ async def create_job(
     spec = await submission.checked(body.model, _prompt_chars(body), build)
     webhook = await submission.checked_webhook(body.webhook_url, body.webhook_events)
 
+    # Waited on, it is watched before it is written (its id chosen here), so it is not
+    # read before the wait.
+    job_id = new_job_id() if wait > 0 else None
+    submitted: list[Job] = []
+
     async def create(request: IdempotentRequest | None) -> JobPublic:
-        job = await submission.submit(principal, spec, webhook=webhook, idempotency=request)
+        job = await submission.submit(
+            principal, spec, webhook=webhook, idempotency=request, job_id=job_id
+        )
+        submitted.append(job)
         response.headers["Location"] = f"/v1/jobs/{job.id}"
         return JobPublic.from_job(job)
 
-    created = await idempotency.run(idempotency_key, body=body, principal=principal, run=create)
-    if wait <= 0 or not isinstance(created, JobPublic):  # a replay answers as it first did
-        return created
-    job = await _waited(
-        created.id,
-        principal.scope,
-        reads=reads,
-        waiter=waiter,
-        wait_s=min(wait, settings.max_wait_s),
-    )
+    async def created() -> JobPublic | JSONResponse:
+        return await idempotency.run(idempotency_key, body=body, principal=principal, run=create)
+
+    if job_id is None:
+        return await created()
+    async with waiter.watch(job_id) as woken:
+        answer = await created()
+        if not submitted:  # a replay answers as it first did
+            return answer
+
+        async def reread(_: str) -> Job:
+            return await reads((job_id, principal.scope))
+
+        wait_s = min(wait, settings.max_wait_s)
+        job = await waiter.wait(woken, submitted[0], reread, timeout_s=wait_s)
     if job.status.is_terminal:
         response.status_code = 200
     return JobPublic.from_job(job)

@@ -90,12 +90,18 @@ async def create_response(
         check_previous(previous, body.previous_response_id)
     build = functools.partial(_spec, body, previous)
     spec = await submission.checked(body.model, body.input_chars(), build)
-    job = await submission.submit(principal, spec)
-    headers = {JOB_ID_HEADER: job.id}
 
     async def reread(job_id: str) -> Job:
         return await read((job_id, scope))
 
+    if not body.stream and not body.background:
+        job = await submission.run(principal, spec, read=reread, request=request)
+        if error := ended_error(job.id, job.status, job.error):
+            raise error
+        state = ResponseState.of_job(job)
+        return JSONResponse(response_object(state), headers={JOB_ID_HEADER: job.id})
+    job = await submission.submit(principal, spec)
+    headers = {JOB_ID_HEADER: job.id}
     if body.stream:
         followed = follower.follow(job, read=reread, held=holds_output(job, chat=True))
         hangup = None
@@ -103,10 +109,6 @@ async def create_response(
             hangup = functools.partial(submission.cancel_abandoned, job.id, scope=scope)
         events = response_events(followed, job=job)
         return event_stream(events, on_hangup=hangup, headers=headers, send_done=False)
-    if not body.background:
-        job = await submission.until_ended(job, read=reread, request=request, scope=scope)
-        if error := ended_error(job.id, job.status, job.error):
-            raise error
     return JSONResponse(response_object(ResponseState.of_job(job)), headers=headers)
 
 

@@ -44,6 +44,10 @@ class BatchPlace:
     priority: int
 
 
+def new_job_id() -> str:
+    return new_id(JOB_ID_PREFIX)
+
+
 def new_job_row(
     spec: JobSpec,
     *,
@@ -53,11 +57,13 @@ def new_job_row(
     requeue_after_s: int,
     key_id: str | None = None,
     place: BatchPlace | None = None,
+    job_id: str | None = None,
 ) -> dict[str, Any]:
     """The row of a new queued job: a single job, or a batch line (`place`); `key_id` is
-    the API key that submitted it."""
+    the API key that submitted it; `job_id` its id, if its submitter chose it (else a new
+    one)."""
     row = {
-        "id": new_id(JOB_ID_PREFIX),
+        "id": job_id or new_job_id(),
         "tenant": tenant,
         "key_id": key_id,
         "cost_tokens": job_cost(spec),

@@ -65,6 +65,9 @@ class NewJob:
     webhook: WebhookRequest | None = None
     # The idempotency key it was submitted under, whose response is remembered with it.
     idempotency: IdempotentRequest | None = None
+    # Its id, when its submitter chose it (`new_job_id()`) to wait on the job before it
+    # is written; else a new one.
+    id: str | None = None
 
 
 def _over_quota(
@@ -114,6 +117,7 @@ class JobStore(BatchClaims, JobPublishing):
                 now=now,
                 requeue_after_s=requeue_after_s,
                 key_id=new.key_id,
+                job_id=new.id,
             )
             for new in new_jobs
         ]

@@ -1,6 +1,7 @@
 """Waiting on a job through real Redis: woken by its announced end, by the sweep when
 the announcement was lost, and let go when the client hangs up; a wait reads the job
-when it starts and when woken, not on a timer."""
+when it starts (unless it was watched before it was written) and when woken, not on a
+timer."""
 
 from __future__ import annotations
 
@@ -125,6 +126,24 @@ def test_an_end_announced_with_its_result_is_answered_without_a_read(
         assert jobs.reads == 1  # when the wait began only
     else:
         assert jobs.reads == 2
+
+
+def test_a_job_watched_before_it_was_written_is_read_only_when_woken(key_prefix: str) -> None:
+    jobs = Jobs()
+
+    async def scenario(waiter: JobWaiter, redis: AsyncRedis) -> Job:
+        async with waiter.watch(jobs.job.id) as woken:
+            written = jobs.job
+            # It ends, and its end is announced, before the wait begins: still heard.
+            jobs.end()
+            await redis.publish(done_channel(key_prefix, jobs.job.id), "x")
+            return await waiter.wait(woken, written, jobs.read, timeout_s=30)
+
+    started = time.monotonic()
+    job = waiting(key_prefix, jobs, scenario, sweep=False)
+    assert job.status is JobStatus.SUCCEEDED
+    assert time.monotonic() - started < 10
+    assert jobs.reads == 1  # when woken, not before
 
 
 def test_an_end_whose_announcement_was_lost_is_found_by_the_sweep(

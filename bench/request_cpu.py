@@ -24,6 +24,10 @@ throughput target there); each step's name then ends in `@<concurrency>`.
 against).
 `--profile DIR` records the API and the GPU worker with py-spy during inferq's steps
 (samples of threads that hold the GIL: where Python spends CPU).
+`--rounds N` has serve and inferq take turns, serve first and last (serve, inferq, serve
+for N=1): each inferq run is held against the mean of serve's runs either side of it, so
+a host whose speed drifts during the run (by 10% in half an hour, seen here) moves both
+sides of a ratio alike.
 """
 
 from __future__ import annotations
@@ -54,9 +58,11 @@ TARGET_PLAN: Plan = {16: ("streamed",), 64: KINDS, 256: ("jobs", "chats")}
 SERVE_KIND = {"jobs": "chats", "chats": "chats", "streamed": "streamed", "batch": "chats"}
 
 
-def step_name(plan: Plan, side: str, kind: str, concurrency: int) -> str:
-    """`serve-chats`, `inferq-jobs`...; with `@<concurrency>` when the plan has several."""
-    return f"{side}-{kind}" if len(plan) == 1 else f"{side}-{kind}@{concurrency}"
+def step_name(plan: Plan, side: str, kind: str, concurrency: int, turn: int | None = None) -> str:
+    """`serve-chats`, `inferq-jobs`...; with `@<concurrency>` when the plan has several,
+    and `#<turn>` when serve and inferq take turns (`--rounds`)."""
+    name = f"{side}-{kind}" if len(plan) == 1 else f"{side}-{kind}@{concurrency}"
+    return name if turn is None else f"{name}#{turn}"
 
 
 def _is_engine(pid: int) -> bool:
@@ -119,6 +125,7 @@ def serve_steps(
     plan: Plan,
     workdir: Path,
     results: dict[str, Any],
+    turn: int | None = None,
 ) -> None:
     with served(engine_settings, workdir) as (server, url):
         meter = CpuMeter({"front": lambda: [server.pid], "engine": engine(server.pid)})
@@ -131,7 +138,7 @@ def serve_steps(
                 if kind not in wanted:
                     continue
                 figures_of = chat_figures if kind == "chats" else stream_figures
-                step = step_name(plan, "serve", kind, concurrency)
+                step = step_name(plan, "serve", kind, concurrency, turn)
                 with measured(meter, results, step, threads) as figures:
                     figures.update(figures_of(url, bodies, concurrency=concurrency, api_key=None))
 
@@ -145,6 +152,7 @@ def inferq_steps(
     workdir: Path,
     profile: Path | None,
     results: dict[str, Any],
+    turn: int | None = None,
 ) -> None:
     batch_file = workdir / "batch.jsonl"
     batch_file.write_text(
@@ -189,7 +197,7 @@ def inferq_steps(
             for kind in KINDS:
                 if kind not in kinds:
                     continue
-                step = step_name(plan, "inferq", kind, concurrency)
+                step = step_name(plan, "inferq", kind, concurrency, turn)
                 with (
                     profiled(pids, profile, step),
                     measured(meter, results, step, threads) as figures,
@@ -200,34 +208,57 @@ def inferq_steps(
 OURS = ("api", "worker", "service", "postgres", "redis")
 
 
-def summary(results: dict[str, Any], plan: Plan) -> list[str]:
-    """Each inferq step's CPU per request beside the engine, and its ratios to serve."""
+def summary(results: dict[str, Any], plan: Plan, rounds: int | None = None) -> list[str]:
+    """Each inferq step's CPU per request beside the engine, and its ratios to serve: to
+    serve's run before it and the one after it (their mean) when they took turns."""
     lines = []
-    for concurrency, kinds in plan.items():
-        for kind in kinds:
-            ours = results.get(step_name(plan, "inferq", kind, concurrency))
-            theirs = results.get(step_name(plan, "serve", SERVE_KIND[kind], concurrency))
-            if not ours or not theirs:
-                continue
-            per = ours["cpu_ms_per_request"]
-            total = sum(per[k] for k in OURS)
-            serve_ms = theirs["cpu_ms_per_request"]["front"]
-            parts = ", ".join(f"{k} {per[k]:.2f}" for k in OURS)
-            line = (
-                f"{kind} at {concurrency}: {total:.2f} ms a request ({parts}) vs serve's front "
-                f"end {serve_ms:.2f} ms: {total / serve_ms:.2f}x (target 1.5x); tokens/s "
-                f"{ours['tokens_per_s']:.0f} vs {theirs['tokens_per_s']:.0f}: "
-                f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.3f}x"
-            )
-            if kind == "streamed":
-                line += (
-                    f"; TTFT p50 {1000 * ours['ttft_p50_s']:.0f} vs "
-                    f"{1000 * theirs['ttft_p50_s']:.0f} ms "
-                    f"(+{1000 * (ours['ttft_p50_s'] - theirs['ttft_p50_s']):.0f}); TPOT p50 "
-                    f"{ours['tpot_p50_s'] / theirs['tpot_p50_s']:.2f}x"
-                )
-            lines.append(line)
+    for turn in [None] if rounds is None else range(rounds):
+        for concurrency, kinds in plan.items():
+            for kind in kinds:
+                ours = results.get(step_name(plan, "inferq", kind, concurrency, turn))
+                serve = step_name(plan, "serve", SERVE_KIND[kind], concurrency, turn)
+                theirs = results.get(serve)
+                if not ours or not theirs:
+                    continue
+                if turn is not None:
+                    after = results[
+                        step_name(plan, "serve", SERVE_KIND[kind], concurrency, turn + 1)
+                    ]
+                    theirs = {
+                        "cpu_ms_per_request": {
+                            "front": (
+                                theirs["cpu_ms_per_request"]["front"]
+                                + after["cpu_ms_per_request"]["front"]
+                            )
+                            / 2
+                        },
+                        "tokens_per_s": (theirs["tokens_per_s"] + after["tokens_per_s"]) / 2,
+                    }
+                lines.append(_compared(kind, concurrency, ours, theirs, turn))
     return lines
+
+
+def _compared(
+    kind: str, concurrency: int, ours: dict[str, Any], theirs: dict[str, Any], turn: int | None
+) -> str:
+    per = ours["cpu_ms_per_request"]
+    total = sum(per[k] for k in OURS)
+    serve_ms = theirs["cpu_ms_per_request"]["front"]
+    parts = ", ".join(f"{k} {per[k]:.2f}" for k in OURS)
+    line = (
+        f"{kind} at {concurrency}{'' if turn is None else f' (turn {turn})'}: {total:.2f} ms "
+        f"a request ({parts}) vs serve's front end {serve_ms:.2f} ms: "
+        f"{total / serve_ms:.2f}x (target 1.5x); tokens/s {ours['tokens_per_s']:.0f} vs "
+        f"{theirs['tokens_per_s']:.0f}: {ours['tokens_per_s'] / theirs['tokens_per_s']:.3f}x"
+    )
+    if kind == "streamed" and "ttft_p50_s" in theirs:
+        line += (
+            f"; TTFT p50 {1000 * ours['ttft_p50_s']:.0f} vs "
+            f"{1000 * theirs['ttft_p50_s']:.0f} ms "
+            f"(+{1000 * (ours['ttft_p50_s'] - theirs['ttft_p50_s']):.0f}); TPOT p50 "
+            f"{ours['tpot_p50_s'] / theirs['tpot_p50_s']:.2f}x"
+        )
+    return line
 
 
 def main() -> None:
@@ -240,6 +271,13 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="serve and/or inferq")
     parser.add_argument("--kinds", default="", help=f"only these of {','.join(KINDS)}")
     parser.add_argument("--profile", type=Path, help="record py-spy profiles here")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="serve and inferq take turns: serve, inferq, serve... (N inferq runs); each "
+        "inferq step is held against the mean of serve's runs either side of it",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results/request-cpu.json"))
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -261,21 +299,26 @@ def main() -> None:
         plan = {c: ks for c, ks in plan.items() if ks}
     results: dict[str, Any] = {"requests": args.requests, "plan": plan}
     started = time.time()
-    if "serve" not in skip:
-        serve_steps(settings, bodies, plan=plan, workdir=workdir, results=results)
-    if "inferq" not in skip:
-        inferq_steps(
-            model,
-            settings,
-            bodies,
-            plan=plan,
-            workdir=workdir,
-            profile=args.profile,
-            results=results,
-        )
+    turns: list[int | None] = [None] if args.rounds is None else list(range(args.rounds))
+    for turn in turns:
+        if "serve" not in skip:
+            serve_steps(settings, bodies, plan=plan, workdir=workdir, results=results, turn=turn)
+        if "inferq" not in skip:
+            inferq_steps(
+                model,
+                settings,
+                bodies,
+                plan=plan,
+                workdir=workdir,
+                profile=args.profile,
+                results=results,
+                turn=turn,
+            )
+    if args.rounds is not None:  # serve's run after inferq's last
+        serve_steps(settings, bodies, plan=plan, workdir=workdir, results=results, turn=args.rounds)
     results["wall_s"] = time.time() - started
     args.out.write_text(json.dumps(results, indent=1) + "\n")
-    print("\n".join(["", *summary(results, plan)]))
+    print("\n".join(["", *summary(results, plan, args.rounds)]))
 
 
 if __name__ == "__main__":

@@ -24,19 +24,21 @@ throughput target there); each step's name then ends in `@<concurrency>`.
 against).
 `--profile DIR` records the API and the GPU worker with py-spy during inferq's steps
 (samples of threads that hold the GIL: where Python spends CPU).
-`--rounds N` has serve and inferq take turns, serve first and last (serve, inferq, serve
-for N=1): each inferq run is held against the mean of serve's runs either side of it, so
-a host whose speed drifts during the run (by 10% in half an hour, seen here) moves both
-sides of a ratio alike.
+`--rounds N` keeps both up at once and has them take turns N times, each turn every
+concurrency's serve step, then inferq's (serve's steps once more at the end): each
+inferq step is held against the mean of serve's steps either side of it, and over all
+turns, all of each side's tokens over all its seconds. A host whose speed drifts (by 10%
+within minutes, seen here) then moves both sides of a ratio alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -118,32 +120,48 @@ def measured(
     print(step, json.dumps(results[step]), flush=True)
 
 
-def serve_steps(
+# A side's step: `step(kind, concurrency, turn)` runs that kind of request and records it.
+Step = Callable[[str, int, "int | None"], None]
+
+
+def serve_kinds(kinds: tuple[str, ...]) -> list[str]:
+    """The kinds of serve request that inferq's `kinds` are held against, in run order."""
+    wanted = {SERVE_KIND[k] for k in kinds}
+    return [kind for kind in ("chats", "streamed") if kind in wanted]
+
+
+def our_kinds(kinds: tuple[str, ...]) -> list[str]:
+    """inferq's `kinds`, in run order."""
+    return [kind for kind in KINDS if kind in kinds]
+
+
+@contextmanager
+def serve_side(
     engine_settings: dict[str, Any],
     bodies: list[dict[str, Any]],
     *,
     plan: Plan,
     workdir: Path,
     results: dict[str, Any],
-    turn: int | None = None,
-) -> None:
+) -> Iterator[Step]:
+    """`vllm serve`, up and warm until the block ends, and its step."""
     with served(engine_settings, workdir) as (server, url):
         meter = CpuMeter({"front": lambda: [server.pid], "engine": engine(server.pid)})
         threads = ThreadMeter({"front": server.pid})
         warm = max(plan)
         chat_figures(url, bodies[:warm], concurrency=warm, api_key=None)
-        for concurrency, kinds in plan.items():
-            wanted = {SERVE_KIND[k] for k in kinds}
-            for kind in ("chats", "streamed"):
-                if kind not in wanted:
-                    continue
-                figures_of = chat_figures if kind == "chats" else stream_figures
-                step = step_name(plan, "serve", kind, concurrency, turn)
-                with measured(meter, results, step, threads) as figures:
-                    figures.update(figures_of(url, bodies, concurrency=concurrency, api_key=None))
+
+        def step(kind: str, concurrency: int, turn: int | None) -> None:
+            figures_of = chat_figures if kind == "chats" else stream_figures
+            name = step_name(plan, "serve", kind, concurrency, turn)
+            with measured(meter, results, name, threads) as figures:
+                figures.update(figures_of(url, bodies, concurrency=concurrency, api_key=None))
+
+        yield step
 
 
-def inferq_steps(
+@contextmanager
+def inferq_side(
     model: Path,
     engine_settings: dict[str, Any],
     bodies: list[dict[str, Any]],
@@ -152,8 +170,8 @@ def inferq_steps(
     workdir: Path,
     profile: Path | None,
     results: dict[str, Any],
-    turn: int | None = None,
-) -> None:
+) -> Iterator[Step]:
+    """inferq's deployment, up and warm until the block ends, and its step."""
     batch_file = workdir / "batch.jsonl"
     batch_file.write_text(
         "".join(
@@ -193,49 +211,69 @@ def inferq_steps(
 
         pids = {"api": running.api.popen.pid, "worker": worker}
         threads = ThreadMeter(pids)
-        for concurrency, kinds in plan.items():
-            for kind in KINDS:
-                if kind not in kinds:
-                    continue
-                step = step_name(plan, "inferq", kind, concurrency, turn)
-                with (
-                    profiled(pids, profile, step),
-                    measured(meter, results, step, threads) as figures,
-                ):
-                    figures.update(call(kind, concurrency))
+
+        def step(kind: str, concurrency: int, turn: int | None) -> None:
+            name = step_name(plan, "inferq", kind, concurrency, turn)
+            with (
+                profiled(pids, profile, name),
+                measured(meter, results, name, threads) as figures,
+            ):
+                figures.update(call(kind, concurrency))
+
+        yield step
 
 
 OURS = ("api", "worker", "service", "postgres", "redis")
 
 
 def summary(results: dict[str, Any], plan: Plan, rounds: int | None = None) -> list[str]:
-    """Each inferq step's CPU per request beside the engine, and its ratios to serve: to
-    serve's run before it and the one after it (their mean) when they took turns."""
+    """Each inferq step's CPU per request beside the engine, and its ratios to serve; when
+    they took turns, to the mean of serve's steps either side of it, then over every
+    turn: all the tokens each side generated over all its seconds."""
     lines = []
     for turn in [None] if rounds is None else range(rounds):
         for concurrency, kinds in plan.items():
             for kind in kinds:
                 ours = results.get(step_name(plan, "inferq", kind, concurrency, turn))
-                serve = step_name(plan, "serve", SERVE_KIND[kind], concurrency, turn)
-                theirs = results.get(serve)
+                serve = functools.partial(step_name, plan, "serve", SERVE_KIND[kind], concurrency)
+                theirs = results.get(serve(turn))
                 if not ours or not theirs:
                     continue
                 if turn is not None:
-                    after = results[
-                        step_name(plan, "serve", SERVE_KIND[kind], concurrency, turn + 1)
-                    ]
-                    theirs = {
-                        "cpu_ms_per_request": {
-                            "front": (
-                                theirs["cpu_ms_per_request"]["front"]
-                                + after["cpu_ms_per_request"]["front"]
-                            )
-                            / 2
-                        },
-                        "tokens_per_s": (theirs["tokens_per_s"] + after["tokens_per_s"]) / 2,
-                    }
+                    theirs = _mean([theirs, results[serve(turn + 1)]])
                 lines.append(_compared(kind, concurrency, ours, theirs, turn))
+    if rounds is not None:
+        for concurrency, kinds in plan.items():
+            for kind in kinds:
+                serve = functools.partial(step_name, plan, "serve", SERVE_KIND[kind], concurrency)
+                ours = [
+                    results[step_name(plan, "inferq", kind, concurrency, t)] for t in range(rounds)
+                ]
+                theirs = [results[serve(t)] for t in range(rounds + 1)]
+                pooled = [
+                    sum(s["generated_tokens"] for s in side) / sum(s["seconds"] for s in side)
+                    for side in (ours, theirs)
+                ]
+                ratios = sorted(
+                    o["tokens_per_s"] / _mean([theirs[t], theirs[t + 1]])["tokens_per_s"]
+                    for t, o in enumerate(ours)
+                )
+                lines.append(
+                    f"{kind} at {concurrency}, {rounds} turns: tokens/s {pooled[0]:.0f} vs "
+                    f"{pooled[1]:.0f}: {pooled[0] / pooled[1]:.3f}x (turns: "
+                    f"{', '.join(f'{r:.3f}' for r in ratios)})"
+                )
     return lines
+
+
+def _mean(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Serve's figures that a ratio uses, averaged over `steps`."""
+    return {
+        "cpu_ms_per_request": {
+            "front": sum(s["cpu_ms_per_request"]["front"] for s in steps) / len(steps)
+        },
+        "tokens_per_s": sum(s["tokens_per_s"] for s in steps) / len(steps),
+    }
 
 
 def _compared(
@@ -261,6 +299,35 @@ def _compared(
     return line
 
 
+def run_steps(
+    serve: Callable[[], AbstractContextManager[Step]],
+    ours: Callable[[], AbstractContextManager[Step]],
+    *,
+    plan: Plan,
+    rounds: int | None,
+    skip: set[str],
+) -> None:
+    """Serve's steps, then inferq's; or, with `rounds`, both up at once taking turns."""
+
+    def run(step: Step, kinds: list[str], concurrency: int, turn: int | None) -> None:
+        for kind in kinds:
+            step(kind, concurrency, turn)
+
+    if rounds is None:
+        for side, name, kinds_of in ((serve, "serve", serve_kinds), (ours, "inferq", our_kinds)):
+            if name not in skip:
+                with side() as step:
+                    for concurrency, kinds in plan.items():
+                        run(step, kinds_of(kinds), concurrency, None)
+        return
+    with serve() as serve_step, ours() as our_step:
+        for turn in range(rounds + 1):
+            for concurrency, kinds in plan.items():
+                run(serve_step, serve_kinds(kinds), concurrency, turn)
+                if turn < rounds:
+                    run(our_step, our_kinds(kinds), concurrency, turn)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=1000)
@@ -275,8 +342,8 @@ def main() -> None:
         "--rounds",
         type=int,
         default=None,
-        help="serve and inferq take turns: serve, inferq, serve... (N inferq runs); each "
-        "inferq step is held against the mean of serve's runs either side of it",
+        help="both up at once, taking turns N times (serve's steps first and last); each "
+        "inferq step is held against the mean of serve's steps either side of it",
     )
     parser.add_argument("--out", type=Path, default=Path("bench/results/request-cpu.json"))
     args = parser.parse_args()
@@ -299,23 +366,20 @@ def main() -> None:
         plan = {c: ks for c, ks in plan.items() if ks}
     results: dict[str, Any] = {"requests": args.requests, "plan": plan}
     started = time.time()
-    turns: list[int | None] = [None] if args.rounds is None else list(range(args.rounds))
-    for turn in turns:
-        if "serve" not in skip:
-            serve_steps(settings, bodies, plan=plan, workdir=workdir, results=results, turn=turn)
-        if "inferq" not in skip:
-            inferq_steps(
-                model,
-                settings,
-                bodies,
-                plan=plan,
-                workdir=workdir,
-                profile=args.profile,
-                results=results,
-                turn=turn,
-            )
-    if args.rounds is not None:  # serve's run after inferq's last
-        serve_steps(settings, bodies, plan=plan, workdir=workdir, results=results, turn=args.rounds)
+    serve = functools.partial(
+        serve_side, settings, bodies, plan=plan, workdir=workdir, results=results
+    )
+    ours = functools.partial(
+        inferq_side,
+        model,
+        settings,
+        bodies,
+        plan=plan,
+        workdir=workdir,
+        profile=args.profile,
+        results=results,
+    )
+    run_steps(serve, ours, plan=plan, rounds=args.rounds, skip=skip)
     results["wall_s"] = time.time() - started
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     print("\n".join(["", *summary(results, plan, args.rounds)]))

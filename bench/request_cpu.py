@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench import drive, stack, workload
 from bench.compare import engine_args, inferq_env, run_inferq_batch
@@ -120,8 +120,17 @@ def measured(
     print(step, json.dumps(results[step]), flush=True)
 
 
-# A side's step: `step(kind, concurrency, turn)` runs that kind of request and records it.
-Step = Callable[[str, int, "int | None"], None]
+# A side's step: `step(kind, concurrency, turn)` runs that kind of request, records it
+# and returns its name.
+Step = Callable[[str, int, "int | None"], str]
+
+
+class Side(NamedTuple):
+    """A system up and warm: its step, and a meter of its processes (to see what it
+    spends while the other side's step runs)."""
+
+    step: Step
+    meter: CpuMeter
 
 
 def serve_kinds(kinds: tuple[str, ...]) -> list[str]:
@@ -143,21 +152,23 @@ def serve_side(
     plan: Plan,
     workdir: Path,
     results: dict[str, Any],
-) -> Iterator[Step]:
-    """`vllm serve`, up and warm until the block ends, and its step."""
+) -> Iterator[Side]:
+    """`vllm serve`, up and warm until the block ends."""
     with served(engine_settings, workdir) as (server, url):
-        meter = CpuMeter({"front": lambda: [server.pid], "engine": engine(server.pid)})
+        groups = {"front": lambda: [server.pid], "engine": engine(server.pid)}
+        meter = CpuMeter(groups)
         threads = ThreadMeter({"front": server.pid})
         warm = max(plan)
         chat_figures(url, bodies[:warm], concurrency=warm, api_key=None)
 
-        def step(kind: str, concurrency: int, turn: int | None) -> None:
+        def step(kind: str, concurrency: int, turn: int | None) -> str:
             figures_of = chat_figures if kind == "chats" else stream_figures
             name = step_name(plan, "serve", kind, concurrency, turn)
             with measured(meter, results, name, threads) as figures:
                 figures.update(figures_of(url, bodies, concurrency=concurrency, api_key=None))
+            return name
 
-        yield step
+        yield Side(step, CpuMeter(groups))
 
 
 @contextmanager
@@ -170,8 +181,8 @@ def inferq_side(
     workdir: Path,
     profile: Path | None,
     results: dict[str, Any],
-) -> Iterator[Step]:
-    """inferq's deployment, up and warm until the block ends, and its step."""
+) -> Iterator[Side]:
+    """inferq's deployment, up and warm until the block ends."""
     batch_file = workdir / "batch.jsonl"
     batch_file.write_text(
         "".join(
@@ -184,19 +195,18 @@ def inferq_side(
     )
     with stack.deployment(model, workdir, **inferq_env(engine_settings)) as running:
         worker = running.worker.popen.pid
-        meter = CpuMeter(
-            {
-                "api": lambda: descendants(running.api.popen.pid),
-                "worker": front(worker),
-                "service": lambda: [
-                    *descendants(running.service.popen.pid),
-                    *descendants(running.beat.popen.pid),
-                ],
-                "postgres": lambda: by_name("postgres"),
-                "redis": lambda: by_name("redis-server"),
-                "engine": engine(worker),
-            }
-        )
+        groups = {
+            "api": lambda: descendants(running.api.popen.pid),
+            "worker": front(worker),
+            "service": lambda: [
+                *descendants(running.service.popen.pid),
+                *descendants(running.beat.popen.pid),
+            ],
+            "postgres": lambda: by_name("postgres"),
+            "redis": lambda: by_name("redis-server"),
+            "engine": engine(worker),
+        }
+        meter = CpuMeter(groups)
         url = running.url
         warm = max(plan)
         drive.inferq_jobs(url, bodies[:warm], concurrency=warm)
@@ -212,15 +222,16 @@ def inferq_side(
         pids = {"api": running.api.popen.pid, "worker": worker}
         threads = ThreadMeter(pids)
 
-        def step(kind: str, concurrency: int, turn: int | None) -> None:
+        def step(kind: str, concurrency: int, turn: int | None) -> str:
             name = step_name(plan, "inferq", kind, concurrency, turn)
             with (
                 profiled(pids, profile, name),
                 measured(meter, results, name, threads) as figures,
             ):
                 figures.update(call(kind, concurrency))
+            return name
 
-        yield step
+        yield Side(step, CpuMeter(groups))
 
 
 OURS = ("api", "worker", "service", "postgres", "redis")
@@ -263,6 +274,14 @@ def summary(results: dict[str, Any], plan: Plan, rounds: int | None = None) -> l
                     f"{pooled[1]:.0f}: {pooled[0] / pooled[1]:.3f}x (turns: "
                     f"{', '.join(f'{r:.3f}' for r in ratios)})"
                 )
+        for side, other in (("serve", "inferq"), ("inferq", "serve")):
+            steps = [v for k, v in results.items() if k.startswith(f"{side}-")]
+            spent = sum(sum(v.get("idle_side_cpu_s", {}).values()) for v in steps)
+            seconds = sum(v["seconds"] for v in steps)
+            lines.append(
+                f"{other}'s processes while {side}'s steps ran: {spent:.1f} s of CPU over "
+                f"{seconds:.0f} s ({100 * spent / seconds:.1f}% of a core)"
+            )
     return lines
 
 
@@ -299,33 +318,49 @@ def _compared(
     return line
 
 
+def _run(
+    results: dict[str, Any],
+    side: Side,
+    kinds: list[str],
+    concurrency: int,
+    *,
+    turn: int | None,
+    idle: Side | None = None,
+) -> None:
+    """`side`'s steps of `kinds`, with what `idle` (the other side) spent meanwhile."""
+    for kind in kinds:
+        if idle is not None:
+            idle.meter.start()
+        name = side.step(kind, concurrency, turn)
+        if idle is not None:
+            results[name]["idle_side_cpu_s"] = idle.meter.stop()
+            print(name, "idle side", json.dumps(results[name]["idle_side_cpu_s"]), flush=True)
+
+
 def run_steps(
-    serve: Callable[[], AbstractContextManager[Step]],
-    ours: Callable[[], AbstractContextManager[Step]],
+    serve: Callable[[], AbstractContextManager[Side]],
+    ours: Callable[[], AbstractContextManager[Side]],
     *,
     plan: Plan,
     rounds: int | None,
     skip: set[str],
+    results: dict[str, Any],
 ) -> None:
-    """Serve's steps, then inferq's; or, with `rounds`, both up at once taking turns."""
-
-    def run(step: Step, kinds: list[str], concurrency: int, turn: int | None) -> None:
-        for kind in kinds:
-            step(kind, concurrency, turn)
-
+    """Serve's steps, then inferq's; or, with `rounds`, both up at once taking turns,
+    each step recording what the other side spent meanwhile (`idle_side_cpu_s`)."""
     if rounds is None:
-        for side, name, kinds_of in ((serve, "serve", serve_kinds), (ours, "inferq", our_kinds)):
+        for start, name, kinds_of in ((serve, "serve", serve_kinds), (ours, "inferq", our_kinds)):
             if name not in skip:
-                with side() as step:
+                with start() as side:
                     for concurrency, kinds in plan.items():
-                        run(step, kinds_of(kinds), concurrency, None)
+                        _run(results, side, kinds_of(kinds), concurrency, turn=None)
         return
-    with serve() as serve_step, ours() as our_step:
+    with serve() as theirs, ours() as mine:
         for turn in range(rounds + 1):
             for concurrency, kinds in plan.items():
-                run(serve_step, serve_kinds(kinds), concurrency, turn)
+                _run(results, theirs, serve_kinds(kinds), concurrency, turn=turn, idle=mine)
                 if turn < rounds:
-                    run(our_step, our_kinds(kinds), concurrency, turn)
+                    _run(results, mine, our_kinds(kinds), concurrency, turn=turn, idle=theirs)
 
 
 def main() -> None:
@@ -379,7 +414,7 @@ def main() -> None:
         profile=args.profile,
         results=results,
     )
-    run_steps(serve, ours, plan=plan, rounds=args.rounds, skip=skip)
+    run_steps(serve, ours, plan=plan, rounds=args.rounds, skip=skip, results=results)
     results["wall_s"] = time.time() - started
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     print("\n".join(["", *summary(results, plan, args.rounds)]))

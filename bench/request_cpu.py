@@ -28,7 +28,9 @@ against).
 concurrency's serve step, then inferq's (serve's steps once more at the end): each
 inferq step is held against the mean of serve's steps either side of it, and over all
 turns, all of each side's tokens over all its seconds. A host whose speed drifts (by 10%
-within minutes, seen here) then moves both sides of a ratio alike.
+within minutes, seen here) then moves both sides of a ratio alike. Each step starts once
+the other side is quiet (vLLM's engine spins for about a second after its last request),
+and records what the other side spent while it ran (`idle_side_cpu_s`).
 """
 
 from __future__ import annotations
@@ -318,6 +320,23 @@ def _compared(
     return line
 
 
+# The other side is quiet once its processes spend less than this share of a core
+# (vLLM's engine spins for about a second after its last request).
+QUIET_SHARE = 0.05
+QUIET_WINDOW_S = 0.5
+QUIET_WAIT_S = 30.0
+
+
+def _settled(meter: CpuMeter) -> None:
+    """Returns once `meter`'s processes are quiet (or after `QUIET_WAIT_S`)."""
+    deadline = time.monotonic() + QUIET_WAIT_S
+    while time.monotonic() < deadline:
+        meter.start()
+        time.sleep(QUIET_WINDOW_S)
+        if sum(meter.stop().values()) < QUIET_SHARE * QUIET_WINDOW_S:
+            return
+
+
 def _run(
     results: dict[str, Any],
     side: Side,
@@ -327,9 +346,11 @@ def _run(
     turn: int | None,
     idle: Side | None = None,
 ) -> None:
-    """`side`'s steps of `kinds`, with what `idle` (the other side) spent meanwhile."""
+    """`side`'s steps of `kinds`, with what `idle` (the other side) spent meanwhile, each
+    once `idle` has gone quiet."""
     for kind in kinds:
         if idle is not None:
+            _settled(idle.meter)
             idle.meter.start()
         name = side.step(kind, concurrency, turn)
         if idle is not None:

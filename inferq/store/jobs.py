@@ -70,21 +70,22 @@ class NewJob:
     id: str | None = None
 
     @property
+    def quota_checked(self) -> bool:
+        """Whether its key's quota is checked when it is written."""
+        return self.quota and self.key_id is not None
+
+    @property
     def alone(self) -> bool:
         """Whether it is written without anything else: no quota to check, no webhook
         endpoint or idempotent response to write with it."""
-        return (
-            not (self.quota and self.key_id is not None)
-            and self.webhook is None
-            and self.idempotency is None
-        )
+        return not self.quota_checked and self.webhook is None and self.idempotency is None
 
 
 def _over_quota(
     session: Session, new_jobs: Sequence[NewJob], rows: Sequence[dict[str, Any]], *, now: datetime
 ) -> list[InferqError | None]:
     """Why each job's key's quota refuses it (None where it fits, or its key has none)."""
-    checked = [i for i, new in enumerate(new_jobs) if new.quota and new.key_id is not None]
+    checked = [i for i, new in enumerate(new_jobs) if new.quota_checked]
     refused: list[InferqError | None] = [None] * len(new_jobs)
     if checked:
         demands = [Demand(str(new_jobs[i].key_id), rows[i]["cost_tokens"]) for i in checked]

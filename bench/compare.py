@@ -196,7 +196,7 @@ def run_pipeline(workdir: Path, lines: int) -> dict[str, Any]:
         model,
         workdir,
         INFERQ_ENGINE="pipeline-only",
-        INFERQ_ALLOW_PIPELINE_ONLY_ENGINE="true",
+        INFERQ_ALLOW_BENCHMARK_ENGINE="true",
         INFERQ_MAX_NUM_SEQS="256",
         INFERQ_MAX_BATCH_SIZE="256",
     ) as url:

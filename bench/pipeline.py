@@ -72,14 +72,15 @@ class CpuMeter:
         self._groups = groups
         self._before: dict[str, dict[int, float]] = {}
 
-    def _read(self) -> dict[str, dict[int, float]]:
+    def read(self) -> dict[str, dict[int, float]]:
+        """Each group's processes now, with the CPU seconds each has spent."""
         return {name: {pid: cpu_s(pid) for pid in pids()} for name, pids in self._groups.items()}
 
     def start(self) -> None:
-        self._before = self._read()
+        self._before = self.read()
 
     def stop(self) -> dict[str, float]:
-        after = self._read()
+        after = self.read()
         return {
             name: sum(seconds - self._before[name].get(pid, 0.0) for pid, seconds in pids.items())
             for name, pids in after.items()
@@ -219,7 +220,7 @@ def run(requests: int, concurrency: int, profile: Path | None) -> dict[str, Any]
             database_url=url,
             prefix=prefix,
             INFERQ_ENGINE="pipeline-only",
-            INFERQ_ALLOW_PIPELINE_ONLY_ENGINE="true",
+            INFERQ_ALLOW_BENCHMARK_ENGINE="true",
             INFERQ_MAX_NUM_SEQS="256",
             INFERQ_MAX_BATCH_SIZE="256",
             TOKENIZERS_PARALLELISM="false",

@@ -163,7 +163,7 @@ def main() -> None:
         stack.demo_model(),
         workdir,
         INFERQ_ENGINE="pipeline-only",
-        INFERQ_ALLOW_PIPELINE_ONLY_ENGINE="true",
+        INFERQ_ALLOW_BENCHMARK_ENGINE="true",
         INFERQ_MAX_NUM_SEQS="256",
         INFERQ_MAX_BATCH_SIZE="256",
         INFERQ_JOB_RETENTION_S=str(args.retention_s),

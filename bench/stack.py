@@ -19,6 +19,7 @@ import httpx
 import psycopg
 import redis
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from cli.demo_model import TINY, DemoShape, build_demo_model
 from inferq.store.migrate import upgrade
@@ -42,42 +43,45 @@ def free_port() -> int:
 
 
 @contextmanager
-def database() -> Iterator[str]:
-    """A new, migrated database; dropped afterwards."""
+def database(admin_dsn: str = ADMIN_DSN) -> Iterator[str]:
+    """A new, migrated database on the server `admin_dsn` reaches; dropped afterwards."""
     name = "inferq_bench_" + secrets.token_hex(4)
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    server = conninfo_to_dict(admin_dsn)
+    url = f"postgresql+psycopg://postgres@{server['host']}:{server.get('port', 5432)}/{name}"
     try:
         upgrade(url)
         yield url
     finally:
-        with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
 
 
 @contextmanager
-def key_prefix() -> Iterator[str]:
+def key_prefix(redis_url: str = REDIS_URL) -> Iterator[str]:
     prefix = f"bench-{secrets.token_hex(4)}:"
     try:
         yield prefix
     finally:
-        client = redis.Redis.from_url(REDIS_URL)
+        client = redis.Redis.from_url(redis_url)
         keys = list(client.scan_iter(match=prefix + "*", count=1000))
         if keys:
             client.delete(*keys)
 
 
-def service_env(*, model: Path, database_url: str, prefix: str, **extra: str) -> dict[str, str]:
+def service_env(
+    *, model: Path, database_url: str, prefix: str, redis_url: str = REDIS_URL, **extra: str
+) -> dict[str, str]:
     return {
         **os.environ,
         "INFERQ_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY,
         "INFERQ_RATE_LIMIT_RPM": "0",
         "INFERQ_RATE_LIMIT_TPM": "0",
         "INFERQ_DATABASE_URL": database_url,
-        "INFERQ_REDIS_URL": REDIS_URL,
+        "INFERQ_REDIS_URL": redis_url,
         "INFERQ_REDIS_KEY_PREFIX": prefix,
         "INFERQ_MODEL": str(model),
         "INFERQ_SERVED_MODEL_NAME": MODEL_NAME,
@@ -148,37 +152,65 @@ def api(env: Mapping[str, str], log_dir: Path) -> Iterator[tuple[Process, str]]:
 @dataclass(frozen=True)
 class Deployment:
     """A running deployment: the API's URL, the processes' environment (database, key
-    prefix), and the API and GPU worker processes (for their CPU, say)."""
+    prefix), and its processes (for their CPU, say)."""
 
     url: str
     env: dict[str, str]
     api: Process
-    worker: Process
+    workers: list[Process]
     service: Process
     beat: Process
 
+    @property
+    def worker(self) -> Process:
+        """The first GPU worker (the only one, unless more were asked for)."""
+        return self.workers[0]
+
 
 @contextmanager
-def deployment(model: Path, workdir: Path, **extra: str) -> Iterator[Deployment]:
-    """API, GPU worker, delivery/maintenance worker and beat on a database of their own."""
+def deployment(
+    model: Path,
+    workdir: Path,
+    *,
+    workers: int = 1,
+    admin_dsn: str = ADMIN_DSN,
+    redis_url: str = REDIS_URL,
+    **extra: str,
+) -> Iterator[Deployment]:
+    """API, `workers` GPU workers, delivery/maintenance worker and beat on a database of
+    their own."""
     with ExitStack() as cleanup:
-        url = cleanup.enter_context(database())
-        prefix = cleanup.enter_context(key_prefix())
-        env = service_env(model=model, database_url=url, prefix=prefix, **extra)
-        api_process, base_url = cleanup.enter_context(api(env, workdir))
-        worker_env = {**env, "INFERQ_WORKER_METRICS_PORT": str(free_port())}
-        worker = Process(
-            ["worker", "--name", "bench@host"], env=worker_env, log=workdir / "worker.log"
+        url = cleanup.enter_context(database(admin_dsn))
+        prefix = cleanup.enter_context(key_prefix(redis_url))
+        env = service_env(
+            model=model, database_url=url, prefix=prefix, redis_url=redis_url, **extra
         )
-        cleanup.callback(worker.stop)
+        api_process, base_url = cleanup.enter_context(api(env, workdir))
+        gpu_workers = []
+        for i in range(workers):
+            worker_env = {**env, "INFERQ_WORKER_METRICS_PORT": str(free_port())}
+            suffix = "" if workers == 1 else f"-{i}"
+            worker = Process(
+                ["worker", "--name", f"bench{suffix}@host"],
+                env=worker_env,
+                log=workdir / f"worker{suffix}.log",
+            )
+            cleanup.callback(worker.stop)
+            gpu_workers.append(worker)
         service = Process(
             ["webhooks", "--name", "service@host"], env=env, log=workdir / "service.log"
         )
         cleanup.callback(service.stop)
         beat = Process(["beat"], env=env, log=workdir / "beat.log")
         cleanup.callback(beat.stop)
-        worker.wait_for(" ready.", timeout_s=600)
+        for worker in gpu_workers:
+            worker.wait_for(" ready.", timeout_s=600)
         service.wait_for(" ready.", timeout_s=120)
         yield Deployment(
-            url=base_url, env=env, api=api_process, worker=worker, service=service, beat=beat
+            url=base_url,
+            env=env,
+            api=api_process,
+            workers=gpu_workers,
+            service=service,
+            beat=beat,
         )

@@ -36,13 +36,7 @@ def bulk(tokenizer: Any, count: int, *, context: int, seed: int = SEED) -> list[
     """`count` requests whose prompts are `tokenizer` tokens drawn at random, decoded to
     text (so every system tokenizes the same text)."""
     rng = random.Random(seed)
-    specials = set(tokenizer.all_special_ids)
-    # Leave out tokens that decode to NUL: Postgres text cannot hold it, so inferq refuses it.
-    vocab = [
-        i
-        for i in range(tokenizer.vocab_size)
-        if i not in specials and "\x00" not in tokenizer.decode([i])
-    ]
+    vocab = _vocabulary(tokenizer)
     requests = []
     for i in range(count):
         length = _lognormal(rng, PROMPT_MEDIAN, PROMPT_SIGMA, PROMPT_RANGE)
@@ -54,6 +48,39 @@ def bulk(tokenizer: Any, count: int, *, context: int, seed: int = SEED) -> list[
         drawn = _lognormal(rng, OUTPUT_MEDIAN, OUTPUT_SIGMA, OUTPUT_RANGE)
         requests.append(Request(custom_id=f"r{i}", prompt=text, max_tokens=min(drawn, room)))
     return requests
+
+
+def fixed(
+    tokenizer: Any, count: int, *, prompt_tokens: int, max_tokens: int, seed: int = SEED
+) -> list[Request]:
+    """`count` requests whose prompts render to about `prompt_tokens` chat tokens, each
+    asking for `max_tokens`."""
+    rng = random.Random(seed)
+    vocab = _vocabulary(tokenizer)
+    frame = len(chat_token_ids(tokenizer, ""))
+    # Random tokens decoded to text tokenize again into more: draw fewer, by the ratio seen.
+    sample = tokenizer.decode([rng.choice(vocab) for _ in range(1000)])
+    ratio = len(tokenizer.encode(sample, add_special_tokens=False)) / 1000
+    drawn = max(1, round((prompt_tokens - frame) / ratio))
+    return [
+        Request(
+            custom_id=f"r{i}",
+            prompt=tokenizer.decode([rng.choice(vocab) for _ in range(drawn)]),
+            max_tokens=max_tokens,
+        )
+        for i in range(count)
+    ]
+
+
+def _vocabulary(tokenizer: Any) -> list[int]:
+    """The token ids prompts are drawn from: no special tokens, none that decodes to NUL
+    (Postgres text cannot hold it, so inferq refuses it)."""
+    specials = set(tokenizer.all_special_ids)
+    return [
+        i
+        for i in range(tokenizer.vocab_size)
+        if i not in specials and "\x00" not in tokenizer.decode([i])
+    ]
 
 
 def messages(request: Request) -> list[dict[str, str]]:

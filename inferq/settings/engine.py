@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ByteSize, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ByteSize, Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 DEFAULT_MODEL = "hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4"
@@ -124,15 +125,28 @@ class EngineSettings(BaseModel):
         + ", ".join(map(str, LORA_RANKS))
         + " (what vLLM allows).",
     )
-    engine: Literal["vllm", "pipeline-only"] = Field(
+    engine: Literal["vllm", "pipeline-only", "paced"] = Field(
         "vllm",
-        description="`vllm`; `pipeline-only` answers without a model (placeholder tokens, zero "
-        "vectors), to measure the pipeline in benchmarks and tests.",
+        description="`vllm`; two benchmark engines that load no model and answer with "
+        "placeholders: `pipeline-only` answers at once (to measure the pipeline alone), "
+        "`paced` keeps a GPU's time (INFERQ_PACED_ENGINE_TABLE).",
     )
-    allow_pipeline_only_engine: bool = Field(
+    allow_benchmark_engine: bool = Field(
         False,
-        description="Benchmarks and tests only: lets INFERQ_ENGINE=pipeline-only start, whose "
-        "answers are placeholders, not a model's.",
+        validation_alias=AliasChoices(
+            "allow_benchmark_engine",
+            "INFERQ_ALLOW_BENCHMARK_ENGINE",
+            # The name it had when `pipeline-only` was the only one; still read.
+            "INFERQ_ALLOW_PIPELINE_ONLY_ENGINE",
+        ),
+        description="Benchmarks and tests only: lets INFERQ_ENGINE=pipeline-only or paced "
+        "start, whose answers are placeholders, not a model's (INFERQ_ALLOW_PIPELINE_ONLY_ENGINE, "
+        "its former name, is still read).",
+    )
+    paced_engine_table: Path | None = Field(
+        None,
+        description="The paced engine's step times: a calibration table (JSON) of how long "
+        "a GPU takes a step, by tokens scheduled and context attended to.",
     )
 
     @field_validator("engine_extra_args", mode="before")
@@ -191,13 +205,18 @@ class EngineSettings(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _pipeline_only_on_purpose(self) -> Self:
+    def _benchmark_engine_on_purpose(self) -> Self:
         # Any tenant's job would "succeed" with placeholder text: a deployment must ask for it.
-        if self.engine == "pipeline-only" and not self.allow_pipeline_only_engine:
+        if self.engine != "vllm" and not self.allow_benchmark_engine:
             raise ValueError(
-                "INFERQ_ENGINE=pipeline-only answers with placeholder tokens, not a model, and "
-                "is for benchmarks and tests only: set INFERQ_ALLOW_PIPELINE_ONLY_ENGINE=true "
+                f"INFERQ_ENGINE={self.engine} answers with placeholder tokens, not a model, and "
+                "is for benchmarks and tests only: set INFERQ_ALLOW_BENCHMARK_ENGINE=true "
                 "to run it"
+            )
+        if self.engine == "paced" and self.paced_engine_table is None:
+            raise ValueError(
+                "INFERQ_ENGINE=paced needs INFERQ_PACED_ENGINE_TABLE, the calibration table "
+                "of its step times (bench/gpu_pace/ has one)"
             )
         return self
 

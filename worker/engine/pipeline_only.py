@@ -1,7 +1,7 @@
 """The pipeline-only engine (`INFERQ_ENGINE=pipeline-only`): it answers at once without a
 model, to measure the pipeline's own overhead (API, Redis, Postgres, the worker's loop) in
 benchmarks and tests. Its answers are placeholders, so settings refuse it unless
-`INFERQ_ALLOW_PIPELINE_ONLY_ENGINE` is set; never a stand-in for the real engine in feature
+`INFERQ_ALLOW_BENCHMARK_ENGINE` is set; never a stand-in for the real engine in feature
 tests."""
 
 from __future__ import annotations

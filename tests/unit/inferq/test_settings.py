@@ -98,26 +98,44 @@ def test_the_tool_call_parser_can_be_turned_off(monkeypatch: pytest.MonkeyPatch)
     assert Settings().tool_call_parser is None
 
 
-def test_the_pipeline_only_engine_is_refused_unless_allowed(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("engine", ["pipeline-only", "paced"])
+def test_a_benchmark_engine_is_refused_unless_allowed(
+    monkeypatch: pytest.MonkeyPatch, engine: str
 ) -> None:
-    monkeypatch.setenv("INFERQ_ENGINE", "pipeline-only")
+    monkeypatch.setenv("INFERQ_ENGINE", engine)
+    monkeypatch.setenv("INFERQ_PACED_ENGINE_TABLE", "table.json")
     with pytest.raises(ValidationError) as refused:
         Settings()
     [error] = refused.value.errors()
     assert "placeholder tokens" in error["msg"]
-    assert "set INFERQ_ALLOW_PIPELINE_ONLY_ENGINE=true" in error["msg"]
+    assert "set INFERQ_ALLOW_BENCHMARK_ENGINE=true" in error["msg"]
     assert "\n" not in error["msg"]
+    monkeypatch.setenv("INFERQ_ALLOW_BENCHMARK_ENGINE", "true")
+    assert Settings().engine == engine
+
+
+def test_benchmark_engines_are_still_allowed_by_the_former_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("INFERQ_ENGINE", "pipeline-only")
     monkeypatch.setenv("INFERQ_ALLOW_PIPELINE_ONLY_ENGINE", "true")
-    assert Settings().engine == "pipeline-only"
+    assert Settings().allow_benchmark_engine
+    assert Settings(allow_benchmark_engine=False, engine="vllm").engine == "vllm"
+
+
+def test_the_paced_engine_needs_its_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERQ_ENGINE", "paced")
+    monkeypatch.setenv("INFERQ_ALLOW_BENCHMARK_ENGINE", "true")
+    with pytest.raises(ValidationError, match="needs INFERQ_PACED_ENGINE_TABLE"):
+        Settings()
 
 
 def test_the_engine_once_called_instant_is_no_longer_a_choice(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("INFERQ_ENGINE", "instant")
-    monkeypatch.setenv("INFERQ_ALLOW_PIPELINE_ONLY_ENGINE", "true")
-    with pytest.raises(ValidationError, match="'vllm' or 'pipeline-only'"):
+    monkeypatch.setenv("INFERQ_ALLOW_BENCHMARK_ENGINE", "true")
+    with pytest.raises(ValidationError, match="'vllm', 'pipeline-only' or 'paced'"):
         Settings()
 
 

@@ -10,7 +10,7 @@ from worker.engine.protocol import EngineRequest
 
 
 def test_it_answers_every_request_at_once_with_placeholder_tokens() -> None:
-    engine = build_engine(Settings(engine="pipeline-only", allow_pipeline_only_engine=True))
+    engine = build_engine(Settings(engine="pipeline-only", allow_benchmark_engine=True))
     assert isinstance(engine, PipelineOnlyEngine)
     engine.add(
         EngineRequest(

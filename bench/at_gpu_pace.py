@@ -1,0 +1,390 @@
+"""The whole stack at a GPU's pace: the API, Redis, Postgres, the webhooks worker, beat and
+`--workers` GPU workers, each with a paced engine (worker/engine/paced.py) that keeps an
+H100's time (bench/gpu_pace/), on one Postgres and one Redis of the bench's own. Each
+workload is held against the same engine's ideal (bench/pace.py), in the same run:
+
+- bench: the bench workload as a batch file (3,000 lines of long-tailed lengths);
+- short: 20,000 lines of about 100 prompt tokens and 4 output tokens;
+- long: 500 lines of 1,024 output tokens;
+- jobs, chats: the bench workload's requests as single jobs (`POST /v1/jobs?wait=`) and
+  as chat completions, 256 in flight.
+
+A file is timed from the moment its lines are queued (`POST /v1/batches` has answered:
+every line checked, tokenized and written) to the batch completed (its output file made),
+against every line queued in the engines from the start; its ingest (upload and
+`POST /v1/batches`) is timed apart, as the ideal's tokenizing is left out of it. Online
+work is timed from the first request to the last answer, against the engine kept at 256
+in flight. Each process's CPU (from /proc) is given per line or request.
+
+    python -m bench.at_gpu_pace                          # every workload, one worker
+    python -m bench.at_gpu_pace --workers 4 --workloads bench,long
+    python -m bench.at_gpu_pace --mean-step-ms 10        # steps 2.5 times as short
+
+The paced engine spends no GPU and almost no CPU: the figures are the pipeline's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import os
+import random
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import psycopg
+
+from bench import drive, stack, workload
+from bench.pace import H100, Ideal, Line, file_ideal, online_ideal, scaled_to
+from bench.pipeline import CpuMeter, cpu_s, profiled
+from cli.demo_model import BENCH
+from inferq.host.processes import descendants
+from tests.helpers.servers import PostgresServer, RedisServer
+from worker.engine.paced import StepTimes
+
+WORKLOADS = ("bench", "short", "long", "jobs", "chats")
+FILES = ("bench", "short", "long")
+MAX_NUM_SEQS = 256
+IN_FLIGHT = 256
+LONG_OUTPUT = 1024
+POLL_S = 0.05
+IDLE_S = 10
+RESULTS = Path(__file__).parent / "results"
+
+
+def requests_for(name: str, tokenizer: Any, count: int | None) -> list[workload.Request]:
+    context = BENCH.max_position_embeddings
+    if name in ("bench", "jobs", "chats"):
+        return workload.bulk(tokenizer, count or 3000, context=context)
+    if name == "short":
+        return workload.fixed(tokenizer, count or 20_000, prompt_tokens=100, max_tokens=4)
+    # Long outputs: the bench's prompts that leave room for 1,024 tokens.
+    drawn = workload.bulk(tokenizer, 2 * (count or 500), context=context, seed=workload.SEED + 1)
+    room = context - LONG_OUTPUT
+    fitting = [r for r in drawn if len(workload.chat_token_ids(tokenizer, r.prompt)) <= room]
+    return [
+        workload.Request(f"r{i}", r.prompt, LONG_OUTPUT)
+        for i, r in enumerate(fitting[: count or 500])
+    ]
+
+
+@contextmanager
+def servers(workdir: Path) -> Iterator[tuple[str, str, Callable[[], list[int]]]]:
+    """A Postgres and a Redis of the bench's own: their DSN and URL, and their processes."""
+    with ExitStack() as cleanup:
+        # Not under `workdir`: the server runs as `postgres` where the bench runs as root.
+        pg_dir = Path(tempfile.mkdtemp(prefix="inferq-gpu-pace-pg-"))
+        cleanup.callback(shutil.rmtree, pg_dir, ignore_errors=True)
+        postgres = PostgresServer(pg_dir)
+        postgres.start()
+        cleanup.callback(postgres.stop)
+        redis_server = RedisServer(workdir)
+        redis_server.start()
+        cleanup.callback(redis_server.kill)
+        postmaster = int((postgres.data / "postmaster.pid").read_text().split()[0])
+        assert redis_server.process is not None
+        redis_pid = redis_server.process.pid
+
+        def pids() -> list[int]:
+            return [*descendants(postmaster), redis_pid]
+
+        yield postgres.dsn, redis_server.url, pids
+
+
+def run_file(
+    deployment: stack.Deployment, path: Path, meter: CpuMeter | None = None
+) -> tuple[dict[str, Any], list[Line]]:
+    """The file through `/v1/batches`: its figures, and its lines' lengths as run. With
+    `meter`: the CPU of its ingest (upload and `POST /v1/batches`) and of its run (from
+    there to completed), apart. Its end is watched in Postgres, not through the API,
+    whose answers to a poll every tenth of a second would cost it more than the batch."""
+    url = deployment.url
+    client = openai.OpenAI(base_url=url + "/v1", api_key=stack.ADMIN_KEY, timeout=3600)
+    ingest = _Split(meter)
+    started = time.perf_counter()
+    with path.open("rb") as f:
+        uploaded = client.files.create(file=f, purpose="batch")
+    created_at = time.perf_counter()
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint=workload.CHAT_URL, completion_window="24h"
+    )
+    queued_at = time.perf_counter()
+    running = _Split(meter, after=ingest)
+    database = deployment.env["INFERQ_DATABASE_URL"].replace("postgresql+psycopg", "postgresql")
+    with psycopg.connect(database, autocommit=True) as connection:
+        while True:
+            row = connection.execute("SELECT status FROM batches WHERE id = %s", (batch.id,))
+            if row.fetchone() in (("completed",), ("failed",), ("expired",), ("cancelled",)):
+                break
+            time.sleep(POLL_S)
+    ended_at = time.perf_counter()
+    running.stop()
+    batch = client.batches.retrieve(batch.id)
+    assert batch.status == "completed", batch
+    assert batch.output_file_id is not None
+    content = client.files.content(batch.output_file_id).text
+    outputs = [json.loads(x) for x in content.splitlines()]
+    order = {f"r{i}": i for i in range(len(outputs))}
+    outputs.sort(key=lambda line: order.get(line["custom_id"], 0))
+    usage = [line["response"]["body"]["usage"] for line in outputs]
+    lines = [Line(u["prompt_tokens"], u["completion_tokens"]) for u in usage]
+    figures: dict[str, Any] = {
+        "upload_s": created_at - started,
+        "create_s": queued_at - created_at,
+        "seconds": ended_at - queued_at,
+        "lines": len(lines),
+        "output_tokens": sum(x.max_tokens for x in lines),
+    }
+    if meter is not None:
+        figures["ingest_cpu_ms_per_line"] = _per_line(ingest.spent, len(lines))
+        figures["run_cpu_ms_per_line"] = _per_line(running.spent, len(lines))
+    return figures, lines
+
+
+class _Split:
+    """The CPU each of a meter's groups spends from now (or from where `after` stopped)
+    until `stop`; without a meter, nothing."""
+
+    def __init__(self, meter: CpuMeter | None, *, after: _Split | None = None) -> None:
+        self._meter = meter
+        self.spent: dict[str, float] = {}
+        if meter is not None:
+            if after is not None:
+                after.stop()
+            self._before = meter.read()
+
+    def stop(self) -> None:
+        if self._meter is not None and not self.spent:
+            now = self._meter.read()
+            self.spent = {
+                group: sum(s - self._before[group].get(pid, 0.0) for pid, s in pids.items())
+                for group, pids in now.items()
+            }
+
+
+def _per_line(cpu: dict[str, float], count: int) -> dict[str, float]:
+    figures = {k: round(1000 * v / count, 3) for k, v in cpu.items()}
+    figures["all"] = round(sum(figures.values()), 3)
+    return figures
+
+
+async def _one(client: aiohttp.ClientSession, kind: str, body: dict[str, Any]) -> Line:
+    if kind == "jobs":
+        done = await drive.job(client, body)
+        if done["status"] != "succeeded":
+            raise RuntimeError(f"job {done['id']} ended {done['status']}: {done.get('error')}")
+    else:
+        async with client.post("/v1/chat/completions", json=body) as response:
+            done = await drive.read_json(response)
+    usage = done["usage"]
+    return Line(usage["prompt_tokens"], usage["completion_tokens"])
+
+
+def run_online(
+    url: str, kind: str, bodies: list[dict[str, Any]]
+) -> tuple[dict[str, Any], list[Line]]:
+    """Every body as a single job or chat, `IN_FLIGHT` at a time, in order."""
+
+    async def run() -> tuple[float, list[Line]]:
+        gate = asyncio.Semaphore(IN_FLIGHT)
+
+        async def one(body: dict[str, Any]) -> Line:
+            async with gate:
+                return await _one(client, kind, body)
+
+        async with drive.inferq_session(url, connections=IN_FLIGHT) as client:
+            started = time.perf_counter()
+            lines = await asyncio.gather(*(one(b) for b in bodies))
+            return time.perf_counter() - started, list(lines)
+
+    seconds, lines = asyncio.run(run())
+    return {
+        "seconds": seconds,
+        "requests": len(lines),
+        "output_tokens": sum(x.max_tokens for x in lines),
+    }, lines
+
+
+def measure(
+    meter: CpuMeter, run: Callable[[], tuple[dict[str, Any], list[Line]]]
+) -> tuple[dict[str, Any], list[Line]]:
+    """`run`'s figures with the CPU each group spent a line (the client: this process)."""
+    client_before = cpu_s(os.getpid())
+    meter.start()
+    figures, lines = run()
+    cpu = meter.stop()
+    figures["cpu_ms_per_line"] = _per_line(cpu, len(lines))
+    figures["client_cpu_ms_per_line"] = round(
+        1000 * (cpu_s(os.getpid()) - client_before) / len(lines), 3
+    )
+    return figures, lines
+
+
+def idle_cpu(meter: CpuMeter, seconds: float) -> dict[str, float]:
+    """What each group spends a second with no work (heartbeats, polls, timers)."""
+    meter.start()
+    time.sleep(seconds)
+    return {k: round(v / seconds, 4) for k, v in meter.stop().items()}
+
+
+def _warm_up(deployment: stack.Deployment, tokenizer: Any, workdir: Path) -> None:
+    """A small batch and a few jobs first: the figures are a running deployment's, not
+    its first requests' (imports, connections, caches)."""
+    requests = workload.bulk(tokenizer, 32, context=BENCH.max_position_embeddings, seed=1)
+    path = workload.write_batch_file(requests, stack.MODEL_NAME, workdir / "warm.jsonl")
+    run_file(deployment, path)
+    url = deployment.url
+    run_online(url, "jobs", [workload.body(r, stack.MODEL_NAME) for r in requests])
+    run_online(url, "chats", [workload.body(r, stack.MODEL_NAME) for r in requests])
+
+
+def _ideal_figures(ideal: Ideal, figures: dict[str, Any]) -> dict[str, Any]:
+    ratios = {
+        "ideal_seconds": round(ideal.seconds, 3),
+        "ideal_steps": ideal.steps,
+        "x_ideal": round(ideal.seconds / figures["seconds"], 4),
+    }
+    if "create_s" in figures:
+        whole = figures["upload_s"] + figures["create_s"] + figures["seconds"]
+        ratios["x_ideal_with_ingest"] = round(ideal.seconds / whole, 4)
+    return ratios
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    model = stack.demo_model(BENCH, "bench")  # the API's tokenizer; no weights are loaded
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    times = StepTimes.load(args.table)
+    bench_lines = [
+        Line(len(workload.chat_token_ids(tokenizer, r.prompt)), r.max_tokens)
+        for r in workload.bulk(tokenizer, 3000, context=BENCH.max_position_embeddings)
+    ]
+    if args.mean_step_ms is not None:
+        times = scaled_to(
+            times, bench_lines, max_num_seqs=MAX_NUM_SEQS, mean_step_ms=args.mean_step_ms
+        )
+    results: dict[str, Any] = {
+        "commit": _commit(),
+        "workers": args.workers,
+        "table": args.table.name,
+        "mean_step_ms": args.mean_step_ms,
+        "workloads": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="inferq-gpu-pace-") as work:
+        workdir = Path(work)
+        table = workdir / "table.json"
+        table.write_text(
+            json.dumps(
+                {
+                    "tokens_ms": times.tokens_ms,
+                    "context_ms_per_1k": times.context_ms_per_1k,
+                    "max_num_batched_tokens": times.max_num_batched_tokens,
+                    "async_scheduling": times.async_scheduling,
+                }
+            )
+        )
+        env = {
+            "INFERQ_ENGINE": "paced",
+            "INFERQ_ALLOW_BENCHMARK_ENGINE": "true",
+            "INFERQ_PACED_ENGINE_TABLE": str(table),
+            "INFERQ_MAX_MODEL_LEN": str(BENCH.max_position_embeddings),
+            "INFERQ_MAX_NUM_SEQS": str(MAX_NUM_SEQS),
+            "INFERQ_MAX_TOKENS_CAP": "4096",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+        with (
+            servers(workdir) as (dsn, redis_url, server_pids),
+            stack.deployment(
+                model, workdir, workers=args.workers, admin_dsn=dsn, redis_url=redis_url, **env
+            ) as running,
+        ):
+            meter = CpuMeter(
+                {
+                    "api": lambda: descendants(running.api.popen.pid),
+                    "workers": lambda: [
+                        p for w in running.workers for p in descendants(w.popen.pid)
+                    ],
+                    "housekeeping": lambda: [
+                        *descendants(running.service.popen.pid),
+                        *descendants(running.beat.popen.pid),
+                    ],
+                    "postgres_redis": server_pids,
+                }
+            )
+            _warm_up(running, tokenizer, workdir)
+            results["idle_cpu_s_per_s"] = idle_cpu(meter, IDLE_S)
+            print("idle", json.dumps(results["idle_cpu_s_per_s"]), flush=True)
+            spied = {"api": running.api.popen.pid}
+            spied |= {f"worker{i}": w.popen.pid for i, w in enumerate(running.workers)}
+            for name in args.workloads:
+                requests = requests_for(name, tokenizer, args.requests)
+                if name in FILES:
+                    path = workload.write_batch_file(
+                        requests, stack.MODEL_NAME, workdir / f"{name}.jsonl"
+                    )
+                    with profiled(spied, args.profile, name):
+                        figures, lines = measure(
+                            meter, functools.partial(run_file, running, path, meter)
+                        )
+                    ideal = file_ideal(
+                        times, lines, max_num_seqs=MAX_NUM_SEQS, engines=args.workers
+                    )
+                else:
+                    bodies = [workload.body(r, stack.MODEL_NAME) for r in requests]
+                    with profiled(spied, args.profile, name):
+                        figures, lines = measure(
+                            meter, functools.partial(run_online, running.url, name, bodies)
+                        )
+                    ideal = online_ideal(
+                        times, lines, max_num_seqs=MAX_NUM_SEQS, in_flight=IN_FLIGHT
+                    )
+                figures.update(_ideal_figures(ideal, figures))
+                results["workloads"][name] = figures
+                print(name, json.dumps(figures), flush=True)
+    return results
+
+
+def _commit() -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument(
+        "--requests", type=int, help="lines or requests a workload (default: its own)"
+    )
+    parser.add_argument("--table", type=Path, default=H100)
+    parser.add_argument("--mean-step-ms", type=float)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--profile", type=Path, help="record the API and workers with py-spy into this folder"
+    )
+    args = parser.parse_args()
+    args.workloads = [w for w in args.workloads.split(",") if w]
+    unknown = set(args.workloads) - set(WORKLOADS)
+    if unknown:
+        parser.error(f"unknown workloads {sorted(unknown)}: choose from {', '.join(WORKLOADS)}")
+    random.seed(workload.SEED)
+    results = run(args)
+    out = args.out or RESULTS / f"gpu-pace-{results['commit']}-w{args.workers}.json"
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(out)
+
+
+if __name__ == "__main__":
+    main()

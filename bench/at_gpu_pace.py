@@ -46,7 +46,7 @@ import psycopg
 
 from bench import drive, stack, workload
 from bench.pace import H100, Ideal, Line, file_ideal, online_ideal, scaled_to
-from bench.pipeline import CpuMeter, cpu_s, profiled
+from bench.pipeline import CpuMeter, ThreadMeter, cpu_s, profiled
 from cli.demo_model import BENCH
 from inferq.host.processes import descendants
 from tests.helpers.servers import PostgresServer, RedisServer
@@ -87,7 +87,22 @@ def servers(workdir: Path) -> Iterator[tuple[str, str, Callable[[], list[int]]]]
         cleanup.callback(shutil.rmtree, pg_dir, ignore_errors=True)
         postgres = PostgresServer(pg_dir)
         postgres.start()
+        # Each statement's time, for --statements: a restart loads the module.
+        with psycopg.connect(postgres.dsn, autocommit=True) as connection:
+            libraries = os.environ.get("BENCH_PG_LIBRARIES", "pg_stat_statements").split(",")
+            listed = ", ".join(f"'{name.strip()}'" for name in libraries)
+            connection.execute(f"ALTER SYSTEM SET shared_preload_libraries = {listed}")
+        postgres.stop()
+        postgres.start()
+        # BENCH_PG_SETTINGS: `name = value; ...` for a look inside (auto_explain's, say).
+        with psycopg.connect(postgres.dsn, autocommit=True) as connection:
+            for setting in os.environ.get("BENCH_PG_SETTINGS", "").split(";"):
+                if setting.strip():
+                    connection.execute(f"ALTER SYSTEM SET {setting}")
+            connection.execute("SELECT pg_reload_conf()")
         cleanup.callback(postgres.stop)
+        if keep := os.environ.get("BENCH_PG_LOG"):
+            cleanup.callback(shutil.copy, postgres.data / "server.log", keep)
         redis_server = RedisServer(workdir)
         redis_server.start()
         cleanup.callback(redis_server.kill)
@@ -216,18 +231,68 @@ def run_online(
 
 
 def measure(
-    meter: CpuMeter, run: Callable[[], tuple[dict[str, Any], list[Line]]]
+    meter: CpuMeter,
+    run: Callable[[], tuple[dict[str, Any], list[Line]]],
+    *,
+    threads: ThreadMeter,
+    statements: Statements | None,
 ) -> tuple[dict[str, Any], list[Line]]:
-    """`run`'s figures with the CPU each group spent a line (the client: this process)."""
+    """`run`'s figures with the CPU each group spent a line (the client: this process),
+    and each named thread of the API and the workers; with `statements`, what Postgres
+    spent on each statement."""
     client_before = cpu_s(os.getpid())
+    if statements is not None:
+        statements.reset()
+    threads.start()
     meter.start()
     figures, lines = run()
     cpu = meter.stop()
-    figures["cpu_ms_per_line"] = _per_line(cpu, len(lines))
+    count = len(lines)
+    figures["cpu_ms_per_line"] = _per_line(cpu, count)
     figures["client_cpu_ms_per_line"] = round(
-        1000 * (cpu_s(os.getpid()) - client_before) / len(lines), 3
+        1000 * (cpu_s(os.getpid()) - client_before) / count, 3
     )
+    figures["thread_cpu_ms_per_line"] = {
+        process: {name: round(1000 * v / count, 3) for name, v in named.items() if v > 0}
+        for process, named in threads.stop().items()
+    }
+    if statements is not None:
+        figures["statements"] = statements.top(count)
     return figures, lines
+
+
+class Statements:
+    """What Postgres spends on each statement (pg_stat_statements), in one database."""
+
+    TOP = 12
+
+    def __init__(self, database_url: str) -> None:
+        self._dsn = database_url.replace("postgresql+psycopg", "postgresql")
+        with psycopg.connect(self._dsn, autocommit=True) as connection:
+            connection.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+
+    def reset(self) -> None:
+        with psycopg.connect(self._dsn, autocommit=True) as connection:
+            connection.execute("SELECT pg_stat_statements_reset()")
+
+    def top(self, lines: int) -> list[dict[str, Any]]:
+        """The statements that took the most time, per line or request."""
+        with psycopg.connect(self._dsn, autocommit=True) as connection:
+            rows = connection.execute(
+                "SELECT calls, total_exec_time, rows, query FROM pg_stat_statements "
+                "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+                "ORDER BY total_exec_time DESC LIMIT %s",
+                (self.TOP,),
+            ).fetchall()
+        return [
+            {
+                "ms_per_line": round(total / lines, 4),
+                "calls_per_line": round(calls / lines, 4),
+                "rows": rows_,
+                "query": " ".join(query.split())[:160],
+            }
+            for calls, total, rows_, query in rows
+        ]
 
 
 def idle_cpu(meter: CpuMeter, seconds: float) -> dict[str, float]:
@@ -325,6 +390,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             _warm_up(running, tokenizer, workdir)
             results["idle_cpu_s_per_s"] = idle_cpu(meter, IDLE_S)
             print("idle", json.dumps(results["idle_cpu_s_per_s"]), flush=True)
+            statements = Statements(running.env["INFERQ_DATABASE_URL"]) if args.statements else None
             spied = {"api": running.api.popen.pid}
             spied |= {f"worker{i}": w.popen.pid for i, w in enumerate(running.workers)}
             for name in args.workloads:
@@ -335,7 +401,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     )
                     with profiled(spied, args.profile, name):
                         figures, lines = measure(
-                            meter, functools.partial(run_file, running, path, meter)
+                            meter,
+                            functools.partial(run_file, running, path, meter),
+                            threads=ThreadMeter(spied),
+                            statements=statements,
                         )
                     ideal = file_ideal(
                         times, lines, max_num_seqs=MAX_NUM_SEQS, engines=args.workers
@@ -344,7 +413,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     bodies = [workload.body(r, stack.MODEL_NAME) for r in requests]
                     with profiled(spied, args.profile, name):
                         figures, lines = measure(
-                            meter, functools.partial(run_online, running.url, name, bodies)
+                            meter,
+                            functools.partial(run_online, running.url, name, bodies),
+                            threads=ThreadMeter(spied),
+                            statements=statements,
                         )
                     ideal = online_ideal(
                         times, lines, max_num_seqs=MAX_NUM_SEQS, in_flight=IN_FLIGHT
@@ -373,6 +445,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument(
         "--profile", type=Path, help="record the API and workers with py-spy into this folder"
+    )
+    parser.add_argument(
+        "--statements", action="store_true", help="what Postgres spends on each statement"
     )
     args = parser.parse_args()
     args.workloads = [w for w in args.workloads.split(",") if w]

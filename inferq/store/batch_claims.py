@@ -9,7 +9,16 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Insert, bindparam, exists, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Insert,
+    bindparam,
+    exists,
+    literal_column,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 
 from inferq.domain.batches import BatchStatus
@@ -20,7 +29,9 @@ from inferq.store.batch_work import tenant_weight
 from inferq.store.job_leases import JobLeases
 from inferq.store.models import BatchRow, JobRow, ShareClockRow, ShareRow
 
-_QUEUED = JobStatus.QUEUED.value
+# Written into the statements, not bound: a generic plan cannot prove that a parameter is
+# 'queued', so it would not read a batch's queued lines through ix_jobs_batch_queued.
+_QUEUED: ColumnElement[str] = literal_column(f"'{JobStatus.QUEUED.value}'")
 
 
 class BatchClaims(JobLeases):

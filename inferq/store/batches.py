@@ -43,6 +43,11 @@ from inferq.wire.batch_lines import LineSpec
 
 INSERT_EVERY = 1000
 PUBLISH_CHUNK = 4096
+# A batch of this many lines has the jobs table's statistics read again once written: of
+# the columns claims, flushes and maintenance choose rows by (the others, prompts and
+# results, cost most of the time to analyse).
+ANALYZE_AFTER_LINES = 1000
+PLANNED_COLUMNS = ("id", "status", "queue", "batch_id", "line", "tenant", "key_id")
 
 # Renders a new batch as the body of its response, to remember for an idempotent request.
 Respond = Callable[[Batch], dict[str, Any]]
@@ -97,7 +102,8 @@ class BatchStore(BatchEndings):
                 row.line_longest_tokens = longest
                 batch = batch_from_row(row)
                 _remember(session, new, batch, respond)
-                return batch
+            self._analyze_jobs(written)
+            return batch
         except _LinesRefused:
             pass  # the transaction rolled back: no job of this batch was written
         if refused > len(errors):
@@ -109,6 +115,16 @@ class BatchStore(BatchEndings):
                 )
             )
         return self.create_failed(new, errors, respond=respond, batch_id=batch_id, created_at=now)
+
+    def _analyze_jobs(self, written: int) -> None:
+        """After a batch of `written` lines: if that many changed the jobs table's shape,
+        have Postgres read its statistics again now, not at autovacuum's next look (up to
+        a minute): planned on the old ones (few queued jobs), a claim or a flush reads
+        every queued job of the queue through a partial index instead of its own rows."""
+        if written < ANALYZE_AFTER_LINES or self._engine.dialect.name != "postgresql":
+            return
+        with self._statement() as connection:
+            connection.exec_driver_sql(f"ANALYZE jobs ({', '.join(PLANNED_COLUMNS)})")
 
     def create_failed(
         self,

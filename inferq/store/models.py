@@ -98,6 +98,15 @@ class JobRow(Base):
             postgresql_where=text("status IN ('queued', 'running') AND batch_id IS NOT NULL"),
             sqlite_where=text("status IN ('queued', 'running') AND batch_id IS NOT NULL"),
         ),
+        # A batch's queued lines by queue, in input order: what a claim of lines reads.
+        Index(
+            "ix_jobs_batch_queued",
+            "batch_id",
+            "queue",
+            "line",
+            postgresql_where=text("status = 'queued' AND batch_id IS NOT NULL"),
+            sqlite_where=text("status = 'queued' AND batch_id IS NOT NULL"),
+        ),
         Index("ix_jobs_tenant_id", "tenant", "id"),
         # What a quota sums at submission: a key's queued and running jobs' costs.
         Index(

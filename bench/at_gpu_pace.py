@@ -28,10 +28,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import itertools
 import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import tempfile
 import time
@@ -144,6 +146,14 @@ def run_file(
             time.sleep(POLL_S)
     ended_at = time.perf_counter()
     running.stop()
+    with psycopg.connect(database, autocommit=True) as connection:
+        first, last, finalizing, completed = connection.execute(
+            "SELECT (SELECT extract(epoch FROM min(started_at)) FROM jobs WHERE batch_id = b.id), "
+            "(SELECT extract(epoch FROM max(finished_at)) FROM jobs WHERE batch_id = b.id), "
+            "extract(epoch FROM finalizing_at), extract(epoch FROM completed_at) "
+            "FROM batches AS b WHERE id = %s",
+            (batch.id,),
+        ).fetchone()
     batch = client.batches.retrieve(batch.id)
     assert batch.status == "completed", batch
     assert batch.output_file_id is not None
@@ -157,6 +167,11 @@ def run_file(
         "upload_s": created_at - started,
         "create_s": queued_at - created_at,
         "seconds": ended_at - queued_at,
+        # From the lines queued to the first claimed; from the last line written to the
+        # batch finalizing, and to its output made.
+        "first_claim_s": round(float(first) - (time.time() - (time.perf_counter() - queued_at)), 3),
+        "finalize_wait_s": round(float(finalizing) - float(last), 3),
+        "finalize_s": round(float(completed) - float(finalizing), 3),
         "lines": len(lines),
         "output_tokens": sum(x.max_tokens for x in lines),
     }
@@ -193,7 +208,11 @@ def _per_line(cpu: dict[str, float], count: int) -> dict[str, float]:
     return figures
 
 
-async def _one(client: aiohttp.ClientSession, kind: str, body: dict[str, Any]) -> Line:
+async def _one(
+    client: aiohttp.ClientSession, kind: str, body: dict[str, Any]
+) -> tuple[Line, dict[str, Any]]:
+    """One request to its answer: its lengths, and when it was sent and answered."""
+    sent = time.time()
     if kind == "jobs":
         done = await drive.job(client, body)
         if done["status"] != "succeeded":
@@ -202,32 +221,62 @@ async def _one(client: aiohttp.ClientSession, kind: str, body: dict[str, Any]) -
         async with client.post("/v1/chat/completions", json=body) as response:
             done = await drive.read_json(response)
     usage = done["usage"]
-    return Line(usage["prompt_tokens"], usage["completion_tokens"])
+    line = Line(usage["prompt_tokens"], usage["completion_tokens"])
+    return line, {"id": done["id"], "sent": sent, "answered": time.time()}
 
 
 def run_online(
-    url: str, kind: str, bodies: list[dict[str, Any]]
+    deployment: stack.Deployment, kind: str, bodies: list[dict[str, Any]]
 ) -> tuple[dict[str, Any], list[Line]]:
-    """Every body as a single job or chat, `IN_FLIGHT` at a time, in order."""
+    """Every body as a single job or chat, `IN_FLIGHT` at a time, in order; with where
+    a request's time went (its job's own timestamps between the client's)."""
 
-    async def run() -> tuple[float, list[Line]]:
+    async def run() -> tuple[float, list[tuple[Line, dict[str, Any]]]]:
         gate = asyncio.Semaphore(IN_FLIGHT)
 
-        async def one(body: dict[str, Any]) -> Line:
+        async def one(body: dict[str, Any]) -> tuple[Line, dict[str, Any]]:
             async with gate:
                 return await _one(client, kind, body)
 
-        async with drive.inferq_session(url, connections=IN_FLIGHT) as client:
+        async with drive.inferq_session(deployment.url, connections=IN_FLIGHT) as client:
             started = time.perf_counter()
-            lines = await asyncio.gather(*(one(b) for b in bodies))
-            return time.perf_counter() - started, list(lines)
+            done = await asyncio.gather(*(one(b) for b in bodies))
+            return time.perf_counter() - started, list(done)
 
-    seconds, lines = asyncio.run(run())
-    return {
+    seconds, done = asyncio.run(run())
+    lines = [line for line, _ in done]
+    figures = {
         "seconds": seconds,
         "requests": len(lines),
         "output_tokens": sum(x.max_tokens for x in lines),
-    }, lines
+        "timeline_ms_p50_p90": timeline(deployment, [times for _, times in done]),
+    }
+    return figures, lines
+
+
+def timeline(deployment: stack.Deployment, requests: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where single requests' time went, at the median and the 90th percentile: sent to
+    written (`created_at`), to claimed (`started_at`), to ended (`finished_at`: its
+    result committed), to answered."""
+    database = deployment.env["INFERQ_DATABASE_URL"].replace("postgresql+psycopg", "postgresql")
+    by_id = {"job_" + r["id"].removeprefix("chatcmpl-").removeprefix("job_"): r for r in requests}
+    with psycopg.connect(database, autocommit=True) as connection:
+        rows = connection.execute(
+            "SELECT id, extract(epoch FROM created_at), extract(epoch FROM started_at), "
+            "extract(epoch FROM finished_at) FROM jobs WHERE id = ANY(%s)",
+            (list(by_id),),
+        ).fetchall()
+    spans: dict[str, list[float]] = {"written": [], "claimed": [], "ended": [], "answered": []}
+    for job_id, created, started, finished in rows:
+        r = by_id[job_id]
+        points = [r["sent"], float(created), float(started), float(finished), r["answered"]]
+        for name, (a, b) in zip(spans, itertools.pairwise(points), strict=True):
+            spans[name].append(1000 * (b - a))
+    return {
+        name: [round(statistics.median(v), 1), round(statistics.quantiles(v, n=10)[-1], 1)]
+        for name, v in spans.items()
+        if len(v) > 1
+    }
 
 
 def measure(
@@ -308,9 +357,8 @@ def _warm_up(deployment: stack.Deployment, tokenizer: Any, workdir: Path) -> Non
     requests = workload.bulk(tokenizer, 32, context=BENCH.max_position_embeddings, seed=1)
     path = workload.write_batch_file(requests, stack.MODEL_NAME, workdir / "warm.jsonl")
     run_file(deployment, path)
-    url = deployment.url
-    run_online(url, "jobs", [workload.body(r, stack.MODEL_NAME) for r in requests])
-    run_online(url, "chats", [workload.body(r, stack.MODEL_NAME) for r in requests])
+    run_online(deployment, "jobs", [workload.body(r, stack.MODEL_NAME) for r in requests])
+    run_online(deployment, "chats", [workload.body(r, stack.MODEL_NAME) for r in requests])
 
 
 def _ideal_figures(ideal: Ideal, figures: dict[str, Any]) -> dict[str, Any]:
@@ -367,6 +415,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "INFERQ_MAX_NUM_SEQS": str(MAX_NUM_SEQS),
             "INFERQ_MAX_TOKENS_CAP": "4096",
             "TOKENIZERS_PARALLELISM": "false",
+            **dict(item.split("=", 1) for item in args.env),
         }
         with (
             servers(workdir) as (dsn, redis_url, server_pids),
@@ -393,6 +442,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             statements = Statements(running.env["INFERQ_DATABASE_URL"]) if args.statements else None
             spied = {"api": running.api.popen.pid}
             spied |= {f"worker{i}": w.popen.pid for i, w in enumerate(running.workers)}
+            spied["housekeeping"] = running.service.popen.pid
             for name in args.workloads:
                 requests = requests_for(name, tokenizer, args.requests)
                 if name in FILES:
@@ -414,7 +464,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     with profiled(spied, args.profile, name):
                         figures, lines = measure(
                             meter,
-                            functools.partial(run_online, running.url, name, bodies),
+                            functools.partial(run_online, running, name, bodies),
                             threads=ThreadMeter(spied),
                             statements=statements,
                         )
@@ -443,6 +493,9 @@ def main() -> None:
     parser.add_argument("--table", type=Path, default=H100)
     parser.add_argument("--mean-step-ms", type=float)
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--env", action="append", default=[], help="NAME=VALUE for every process (repeatable)"
+    )
     parser.add_argument(
         "--profile", type=Path, help="record the API and workers with py-spy into this folder"
     )

@@ -14,6 +14,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 
 LOCAL_TENANT = "local"
 LOCAL_WORKER = "inferq-run"
+# How soon a run notices it was told to stop.
+STOP_POLL_S = 0.05
 # A local run has no API to protect: its only limits are the machine's.
 NO_LIMIT = 2**62
 
@@ -182,6 +185,9 @@ class LocalRun:
             fatal.append(exc)
             stop.set()
 
+        # Set when no line of the batch is held any more: its last lines may have ended,
+        # which is looked at then rather than at the next poll.
+        emptied = threading.Event()
         runtime = EngineRuntime.from_settings(
             settings,
             store=self.jobs,
@@ -192,10 +198,16 @@ class LocalRun:
             metrics=WorkerMetrics(),
             # The feeder claims the lines from the state file, as a worker's does.
             batch_queue=bulk_queue(settings.model_name),
+            on_batch_lines_done=lambda _: emptied.set(),
         )
         runtime.start()
         try:
-            while not stop.wait(poll_s):
+            look_at = time.monotonic() + poll_s
+            while not stop.is_set():
+                if not emptied.wait(STOP_POLL_S) and time.monotonic() < look_at:
+                    continue
+                emptied.clear()
+                look_at = time.monotonic() + poll_s
                 progress = self.progress(batch_id)
                 on_progress(progress)
                 if progress.done >= progress.total:

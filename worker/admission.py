@@ -103,30 +103,29 @@ class AdmissionQueue:
     def take(
         self, room: int, *, interactive_room: int | None = None, idle: bool, timeout_s: float
     ) -> list[EngineRequest]:
-        """Up to `max_batch_size` requests: bulk ones while fewer than `room` are taken,
-        interactive ones while fewer than `interactive_room` (default: `room`).
+        """Batch lines while fewer than `room` are taken, single jobs while fewer than
+        `interactive_room` (default: `room`): what a step computes is the engine's own
+        scheduler's to bound (its token budget), so nothing ready is held back here.
 
         With `idle` set (the engine has nothing in flight) wait up to `timeout_s` for the
         first request, then, unless a single job is pending, up to `max_batch_delay_ms`
-        from its arrival for a full micro-batch. Otherwise return at once.
+        from its arrival for `max_batch_size` of them. Otherwise return at once.
         """
         interactive_room = room if interactive_room is None else interactive_room
-        limit = min(max(room, interactive_room), self._max_batch_size)
-        if limit <= 0:
+        if max(room, interactive_room) <= 0:
             return []
+        gather = min(room, self._max_batch_size)
         with self._changed:
             if idle:
                 deadline = self._clock() + timeout_s
                 while not self and self._changed.wait(max(0.0, deadline - self._clock())):
                     pass
-                while self and not self._interactive and len(self) < limit:
+                while self and not self._interactive and len(self) < gather:
                     assert self._oldest_at is not None
                     left = self._oldest_at + self._max_batch_delay_s - self._clock()
                     if left <= 0 or not self._changed.wait(left):
                         break
-            return self._pop(
-                min(room, self._max_batch_size), min(interactive_room, self._max_batch_size)
-            )
+            return self._pop(room, interactive_room)
 
     def _pop(self, room: int, interactive_room: int) -> list[EngineRequest]:
         taken: list[EngineRequest] = []

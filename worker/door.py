@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -122,6 +122,11 @@ class Door:
         """Those of `job_ids` not held here."""
         with self._changed:
             return [j for j in job_ids if j not in self._held]
+
+    def lines_held(self) -> dict[str, int]:
+        """Batch lines held here, counted by batch."""
+        with self._changed:
+            return dict(Counter(t.batch_id for t in self._held.values() if t.batch_id))
 
     def batch_ids(self) -> set[str | None]:
         """The batches whose lines are held here (None for single jobs)."""

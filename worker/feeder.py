@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from inferq.domain.fair_share import FleetShare
 from inferq.domain.jobs import ClaimedJob
 from inferq.exceptions import StoreUnavailable
 from inferq.host import supervision
@@ -58,19 +59,23 @@ class Feeder:
         lease_s: int,
         micro_batch: int,
         on_claimed: Callable[[Sequence[ClaimedJob], bool], object],
+        peers: Callable[[], int] = lambda: 1,
         poll_s: float = POLL_S,
     ) -> None:
         """`batch_queue`: whose lines to claim (None: single jobs only). A claim of lines
-        takes all the room there is, but waits for room for half a `micro_batch`, so
-        claims stay few while the admission queue still holds lines. `on_claimed` hears
-        what was claimed, and whether it is single jobs."""
+        takes all the room there is, up to this worker's share of the lines left between
+        its `peers` (the workers on the queue, itself included), but waits for room for
+        half a `micro_batch`, so claims stay few while the admission queue still holds
+        lines. `on_claimed` hears what was claimed, and whether it is single jobs."""
         self._store = store
         self._door = door
         self._batch_queue = batch_queue
         self._worker_name = worker_name
         self._lease_s = lease_s
+        self._micro_batch = micro_batch
         self._least = max(1, micro_batch // 2)
         self._on_claimed = on_claimed
+        self._peers = peers
         self._poll_s = poll_s
         self._stopping = threading.Event()
         self._backoff = 0.1
@@ -101,7 +106,9 @@ class Feeder:
             if not lines_waiting or self._batch_queue is None:
                 self._door.wait(max(0.0, look_at - time.monotonic()))
                 continue
-            room = self._door.reserve(ALL_THE_ROOM, least=self._least)
+            # An idle engine starts on a micro-batch while the rest of the room is claimed.
+            most = self._micro_batch if not len(self._door) else ALL_THE_ROOM
+            room = self._door.reserve(most, least=self._least)
             if not room:
                 self._door.wait(self._poll_s, room_for=self._least)
                 continue
@@ -152,7 +159,11 @@ class Feeder:
         """Claim up to `room` lines; how many it got (None if the claim failed)."""
         try:
             claimed = self._store.claim_batch_lines(
-                queue=queue, worker=self._worker_name, lease_s=self._lease_s, limit=room
+                queue=queue,
+                worker=self._worker_name,
+                lease_s=self._lease_s,
+                limit=room,
+                fleet=FleetShare(workers=self._peers(), held=self._door.lines_held()),
             )
         except Exception as exc:
             # The room comes back (kept, it would be lost for the life of the process),

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from redis.exceptions import RedisError
 
 from inferq.broker.worker_registry import HEARTBEAT_EVERY_S, WorkerRegistry, WorkerStatus
-from inferq.exceptions import StoreUnavailable
+from inferq.exceptions import BrokerUnavailable, StoreUnavailable
 from inferq.host import supervision
 from inferq.store.engine_speeds import SpeedStore
 from worker.probes import State
@@ -101,9 +101,17 @@ class Heartbeat:
         )
         try:
             self._registry.beat(status)
-        except RedisError as exc:
+            self._runtime.peers = self._peers()
+        except (RedisError, BrokerUnavailable) as exc:
             log.warning("heartbeat failed: %s", exc)
         self._report_speed()
+
+    def _peers(self) -> int:
+        """Workers of this model and runner online, this one included: they share its
+        batch lines (worker/feeder.py)."""
+        online = self._registry.online()
+        mine = sum(1 for w in online if w.model == self._model and w.runner == self._runner)
+        return max(1, mine)
 
     def _report_speed(self) -> None:
         reading = self._runtime.speed.reading()

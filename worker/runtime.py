@@ -117,6 +117,9 @@ class EngineRuntime:
             waiting=self._door.asked_ids,
             on_lost=self.cancel,
         )
+        # Workers that share this one's batch lines, itself included (the heartbeat
+        # counts them): each claims no more than its share of what is left.
+        self.peers = 1
         self._feeder = Feeder(
             store=store,
             door=self._door,
@@ -125,6 +128,7 @@ class EngineRuntime:
             lease_s=lease_s,
             micro_batch=max_batch_size,
             on_claimed=self._admit,
+            peers=lambda: self.peers,
         )
         # Messages taken since start, and those whose jobs have not all ended: the stall
         # watch's reading of progress (inferq/host/stall.py).

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from inferq.domain.fair_share import FleetShare
 from inferq.domain.jobs import ClaimedJob, JobOutcome
 
 
@@ -21,9 +22,16 @@ class WorkerStore(Protocol):
         """Take queued jobs, and running ones whose lease ran out, for `worker`."""
 
     def claim_batch_lines(
-        self, *, queue: str, worker: str, lease_s: int, limit: int
+        self,
+        *,
+        queue: str,
+        worker: str,
+        lease_s: int,
+        limit: int,
+        fleet: FleetShare = ...,
     ) -> list[ClaimedJob]:
-        """Take up to `limit` queued batch lines of `queue`, shared fairly between tenants."""
+        """Take up to `limit` queued batch lines of `queue`, no more than this worker's
+        share in `fleet` of those left, shared fairly between tenants."""
 
     def renew_leases(self, job_ids: Sequence[str], *, worker: str, lease_s: int) -> set[str]:
         """Extend `worker`'s leases; return the ids it no longer holds."""

@@ -12,14 +12,38 @@ nothing waiting joins at the queue's clock, the earliest finish time among the t
 still waiting at the last claim, so time away earns it no credit. Within a tenant, its
 batches go in order of `priority` (lower first), then the one whose completion window
 closes first, then age; a batch's lines go in input order.
+
+Between the workers of one queue, lines are shared too: none claims more than its share
+of the lines left (`FleetShare`), so a batch too small to fill every engine runs on all
+of them rather than on the first to look.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class FleetShare:
+    """The workers claiming one queue's batch lines (this one included), and the lines
+    this one holds already, by batch."""
+
+    workers: int = 1
+    held: Mapping[str, int] = field(default_factory=dict)
+
+    def most(self, waiting: Sequence[WaitingBatch]) -> int:
+        """The most lines this worker may claim of `waiting`: its share of their lines
+        not yet ended (rounded up), less those of theirs it holds."""
+        left = sum(batch.unfinished for batch in waiting)
+        mine = sum(self.held.get(batch.id, 0) for batch in waiting)
+        return -(-left // max(1, self.workers)) - mine
+
+
+# A worker alone on its queue: it may take every line left.
+ALONE = FleetShare()
 
 
 def batch_order(
@@ -39,6 +63,8 @@ class WaitingBatch:
     priority: int
     expires_at: datetime
     created_at: datetime
+    # Lines not yet ended, queued or running (on any worker).
+    unfinished: int = 0
 
     @property
     def order(self) -> tuple[int, datetime, datetime, str]:

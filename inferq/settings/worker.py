@@ -10,7 +10,11 @@ class WorkerSettings(BaseModel):
 
     # Admission: how queued jobs enter the engine.
     max_batch_size: int = Field(
-        64, ge=1, description="Most requests admitted into the engine at one step."
+        64,
+        ge=1,
+        description="The micro-batch: how many batch lines an idle engine waits "
+        "(max_batch_delay_ms at most) to start together, and how many a worker holds beyond "
+        "a full engine, ready for the room its next step frees.",
     )
     max_batch_delay_ms: int = Field(
         5, ge=0, description="How long an idle engine waits to fill a micro-batch."

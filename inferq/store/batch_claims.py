@@ -22,7 +22,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 
 from inferq.domain.batches import BatchStatus
-from inferq.domain.fair_share import Share, WaitingBatch, joined, split
+from inferq.domain.fair_share import ALONE, FleetShare, Share, WaitingBatch, joined, split
 from inferq.domain.jobs import ClaimedJob, JobStatus
 from inferq.store.base import as_utc
 from inferq.store.batch_work import tenant_weight
@@ -40,11 +40,18 @@ class BatchClaims(JobLeases):
     transaction."""
 
     def claim_batch_lines(
-        self, *, queue: str, worker: str, lease_s: int, limit: int
+        self,
+        *,
+        queue: str,
+        worker: str,
+        lease_s: int,
+        limit: int,
+        fleet: FleetShare = ALONE,
     ) -> list[ClaimedJob]:
-        """Up to `limit` queued batch lines of `queue` for `worker`, shared between the
-        tenants that have lines waiting as their weights say; each batch's lines in input
-        order. Claims of one queue take turns (its clock row is locked meanwhile)."""
+        """Up to `limit` queued batch lines of `queue` for `worker`, and no more than its
+        `fleet` share of what is left; shared between the tenants that have lines waiting as
+        their weights say; each batch's lines in input order. Claims of one queue take
+        turns (its clock row is locked meanwhile)."""
         if limit <= 0:
             return []
         with self._transaction() as session:
@@ -54,7 +61,8 @@ class BatchClaims(JobLeases):
             # Found before the clock is locked: an idle worker's look (every second) takes
             # no lock and writes nothing. Lines another claim takes meanwhile are skipped.
             waiting = _waiting_batches(connection, queue)
-            if not waiting:
+            limit = min(limit, fleet.most(waiting))
+            if not waiting or limit <= 0:
                 return []
             clock = _locked_clock(connection, queue)
             tenants = sorted({batch.tenant for batch in waiting})
@@ -102,6 +110,9 @@ _WAITING = select(
     BatchRow.priority,
     BatchRow.expires_at,
     BatchRow.created_at,
+    (BatchRow.request_total - BatchRow.request_completed - BatchRow.request_failed).label(
+        "unfinished"
+    ),
 ).where(
     BatchRow.status == BatchStatus.IN_PROGRESS.value,
     exists().where(
@@ -175,6 +186,7 @@ def _waiting_batches(connection: Connection, queue: str) -> list[WaitingBatch]:
             priority=row.priority,
             expires_at=_utc(row.expires_at),
             created_at=_utc(row.created_at),
+            unfinished=row.unfinished,
         )
         for row in connection.execute(_WAITING, {"queue": queue})
     ]

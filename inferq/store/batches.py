@@ -257,8 +257,9 @@ class BatchStore(BatchEndings):
         )
         if before is not None:
             query = query.where(JobRow.line < before)
+        # On the session's connection: the ORM's row handling cost a third of a read.
         with self._reading() as session:
-            for row in session.execute(query):
+            for row in session.connection().execute(query):
                 yield result_row(row)
 
 

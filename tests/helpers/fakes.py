@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from inferq.broker.token_stream import ChoiceDelta, JobDelta
+from inferq.domain.fair_share import ALONE, FleetShare
 from inferq.domain.jobs import Choice, ClaimedJob, JobOutcome, JobResult, JobStatus, SamplingParams
 from inferq.exceptions import EngineError, RequestRejected, StoreUnavailable
 from worker.engine.protocol import EngineRequest, Finished
@@ -194,10 +195,16 @@ class MemoryJobStore:
             return claimed
 
     def claim_batch_lines(
-        self, *, queue: str, worker: str, lease_s: int, limit: int
+        self,
+        *,
+        queue: str,
+        worker: str,
+        lease_s: int,
+        limit: int,
+        fleet: FleetShare = ALONE,
     ) -> list[ClaimedJob]:
         """Queued batch lines in the order they were added (the SQL store's order between
-        tenants is tested on Postgres)."""
+        tenants, and its shares between workers, are tested on Postgres)."""
         with self._call("claim_batch_lines"):
             waiting = [
                 job.id

@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import insert, update
 
 from inferq.domain.batches import BatchStatus
+from inferq.domain.fair_share import ALONE, FleetShare
 from inferq.domain.jobs import JobSpec, SamplingParams
 from inferq.store.api_keys import KeyStore
 from inferq.store.engine import make_engine, make_sessions
@@ -82,9 +83,13 @@ class Batches:
         self.clock.now += timedelta(seconds=1)
         return batch_id
 
-    def claim(self, limit: int, *, queue: str = QUEUE) -> list[tuple[str, int]]:
+    def claim(
+        self, limit: int, *, queue: str = QUEUE, fleet: FleetShare = ALONE, worker: str = "w"
+    ) -> list[tuple[str, int]]:
         """(batch, line) of each line claimed."""
-        claimed = self.store.claim_batch_lines(queue=queue, worker="w", lease_s=60, limit=limit)
+        claimed = self.store.claim_batch_lines(
+            queue=queue, worker=worker, lease_s=60, limit=limit, fleet=fleet
+        )
         with self.store._transaction() as session:
             lines = dict(
                 session.execute(
@@ -155,3 +160,20 @@ def test_only_the_queue_asked_for_and_only_queued_lines(batches: Batches) -> Non
             .values(status="cancelled")
         )
     assert batches.claim(10) == [(mine, 3)]
+
+
+def test_a_worker_of_a_fleet_claims_no_more_than_its_share_of_the_lines_left(
+    batches: Batches,
+) -> None:
+    # 100 lines between four workers: each takes a quarter, however much room it has, so
+    # a batch too small to fill every engine runs on all of them.
+    small = batches.add("acme", 100)
+    fleet = FleetShare(workers=4)
+    first = batches.claim(1000, fleet=fleet, worker="w1")
+    assert first == [(small, line) for line in range(25)]
+    # What a worker holds counts against its share; another worker gets the next lines.
+    assert batches.claim(1000, fleet=FleetShare(workers=4, held={small: 25})) == []
+    second = batches.claim(1000, fleet=fleet, worker="w2")
+    assert second == [(small, line) for line in range(25, 50)]
+    # Alone, a worker takes all there is room for.
+    assert len(batches.claim(1000, worker="w3")) == 50

@@ -3,6 +3,7 @@ whether it is stuck, read from its runtime and its probes' state."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -34,6 +35,10 @@ class Beats(WorkerRegistry):
 
     def leave(self, name: str) -> None:
         pass
+
+    def online(self) -> list[WorkerStatus]:
+        """The latest status of each worker that beat."""
+        return list({status.name: status for status in self.statuses}.values())
 
 
 class NoSpeeds(SpeedStore):
@@ -92,9 +97,11 @@ def runtime(store: MemoryJobStore, engine: HeldEngine) -> Iterator[EngineRuntime
     assert fatal == []
 
 
-def beat(runtime: EngineRuntime, state: State, *, slots: int) -> WorkerStatus:
+def beat(
+    runtime: EngineRuntime, state: State, *, slots: int, registry: Beats | None = None
+) -> WorkerStatus:
     """The status one heartbeat sends."""
-    registry = Beats()
+    registry = registry or Beats()
     heartbeat = Heartbeat(
         registry,
         runtime=runtime,
@@ -108,7 +115,7 @@ def beat(runtime: EngineRuntime, state: State, *, slots: int) -> WorkerStatus:
     )
     heartbeat.start()  # the first beat is sent before start returns
     heartbeat.stop()
-    return registry.statuses[0]
+    return registry.statuses[-1]
 
 
 def test_the_heartbeat_says_whether_the_worker_has_room_and_why_it_is_stuck(
@@ -200,3 +207,18 @@ def test_a_busy_engine_with_no_rate_yet_is_reported_every_second(
     finally:
         engine.go.set()
         heartbeat.stop()
+
+
+def test_the_heartbeat_counts_the_workers_that_share_the_models_batch_lines(
+    runtime: EngineRuntime,
+) -> None:
+    registry = Beats()
+    other = beat(runtime, State(), slots=1, registry=registry)
+    for name, model, runner in (("gpu-2@a", "m", "generate"), ("gpu-3@b", "m", "generate")):
+        registry.beat(dataclasses.replace(other, name=name, model=model, runner=runner))
+    # Another model's worker and an embedding worker of the same model share nothing.
+    registry.beat(dataclasses.replace(other, name="gpu-4@c", model="other"))
+    registry.beat(dataclasses.replace(other, name="gpu-5@d", runner="pooling"))
+    assert runtime.peers == 1
+    beat(runtime, State(), slots=1, registry=registry)
+    assert runtime.peers == 3

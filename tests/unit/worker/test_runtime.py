@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from inferq.broker.events import result_announced
+from inferq.domain.fair_share import ALONE, FleetShare
 from inferq.domain.jobs import ClaimedJob, JobOutcome, JobResult, JobStatus, engine_priority
 from inferq.exceptions import JobsReturned
 from tests.helpers.fakes import HeldEngine, MemoryJobStore, StepEngine
@@ -512,12 +513,20 @@ class _ClaimRaisesOnce(MemoryJobStore):
         self.raised = False
 
     def claim_batch_lines(
-        self, *, queue: str, worker: str, lease_s: int, limit: int
+        self,
+        *,
+        queue: str,
+        worker: str,
+        lease_s: int,
+        limit: int,
+        fleet: FleetShare = ALONE,
     ) -> list[ClaimedJob]:
         if not self.raised:
             self.raised = True
             raise RuntimeError("a bug")
-        return super().claim_batch_lines(queue=queue, worker=worker, lease_s=lease_s, limit=limit)
+        return super().claim_batch_lines(
+            queue=queue, worker=worker, lease_s=lease_s, limit=limit, fleet=fleet
+        )
 
 
 def test_the_feeder_rides_out_a_store_outage_or_a_claim_that_raises(

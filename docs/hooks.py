@@ -44,8 +44,19 @@ def _front_page() -> str:
 def _results() -> str:
     text = (ROOT / "bench" / "RESULTS.md").read_text()
     text = text.split("\n", 1)[1]  # its title: the page has its own
-    # Raw result files and pages of the repository are not part of the site.
-    return re.sub(r"\[([^\]]+)\]\((?!https?:|#)([^)#]+)[^)]*\)", r"\1 (`bench/\2`)", text)
+    # Raw result files and pages of the repository are not part of the site: their paths
+    # stand in for the links.
+    return re.sub(r"\[([^\]]+)\]\((?!https?:|#)([^)#]+)[^)]*\)", _as_path, text)
+
+
+def _as_path(link: re.Match[str]) -> str:
+    text, path = (
+        link[1],
+        (Path("bench") / link[2]).as_posix() + ("/" if link[2].endswith("/") else ""),
+    )
+    if text.strip("`").rstrip("/") in (path, link[2].rstrip("/"), Path(link[2]).name):
+        return f"`{path}`"
+    return f"{text} (`{path}`)"
 
 
 def _api_reference() -> str:

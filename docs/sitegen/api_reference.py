@@ -9,6 +9,21 @@ from typing import Any
 
 # Error statuses that any /v1 route may answer with, described once at the top.
 SHARED = ("401", "422", "429", "503")
+# The order of the route sections; a tag not named here comes after them.
+TAGS = (
+    "jobs",
+    "completions",
+    "responses",
+    "embeddings",
+    "files",
+    "batches",
+    "models",
+    "webhooks",
+    "usage",
+    "status",
+    "admin",
+    "health",
+)
 
 
 def api_reference(spec: dict[str, Any]) -> str:
@@ -18,7 +33,7 @@ def api_reference(spec: dict[str, Any]) -> str:
             tag = (operation.get("tags") or ["other"])[0]
             sections.setdefault(tag, []).append(_operation(path, method, operation))
     out = _shared(spec)
-    for tag in sorted(sections):
+    for tag in sorted(sections, key=lambda t: (TAGS.index(t) if t in TAGS else len(TAGS), t)):
         out += [f"## {tag.capitalize()}", "", *sections[tag]]
     out += ["## Schemas", "", "Every object a route takes or returns, by name.", ""]
     for name, schema in sorted(spec["components"]["schemas"].items()):
@@ -28,7 +43,9 @@ def api_reference(spec: dict[str, Any]) -> str:
 
 def _shared(spec: dict[str, Any]) -> list[str]:
     described: dict[str, str] = {}
-    for operations in spec["paths"].values():
+    for path, operations in spec["paths"].items():
+        if not path.startswith("/v1/"):
+            continue
         for operation in operations.values():
             for code, answer in operation.get("responses", {}).items():
                 if code in SHARED:
@@ -50,10 +67,7 @@ def _operation(path: str, method: str, operation: dict[str, Any]) -> str:
     lines = [f"### `{method.upper()} {path}`", "", operation.get("description", "").strip(), ""]
     parameters = operation.get("parameters", [])
     if parameters:
-        lines += [
-            "| parameter | in | type | default | range | meaning |",
-            "|---|---|---|---|---|---|",
-        ]
+        rows = []
         for parameter in parameters:
             schema = parameter.get("schema", {})
             meaning = parameter.get("description") or schema.get("description", "")
@@ -61,11 +75,17 @@ def _operation(path: str, method: str, operation: dict[str, Any]) -> str:
                 # {job_id} and its kind: the id its create call (or list) gave.
                 meaning = f"The {parameter['name'].removesuffix('_id').replace('_', ' ')}'s id."
             required = " (required)" if parameter.get("required") else ""
-            lines.append(
-                f"| `{parameter['name']}`{required} | {parameter['in']} | {_type(schema)} "
-                f"| {_default(schema)} | {_range(schema)} | {_cell(meaning)} |"
+            rows.append(
+                [
+                    f"`{parameter['name']}`{required}",
+                    parameter["in"],
+                    _type(schema),
+                    _default(schema),
+                    _range(schema),
+                    _cell(meaning),
+                ]
             )
-        lines.append("")
+        lines += _table(["parameter", "in", "type", "default", "range", "meaning"], rows)
     for media, content in operation.get("requestBody", {}).get("content", {}).items():
         lines += [f"Takes ({media}) {_type(content.get('schema', {}))}.", ""]
     lines += ["| answer | what |", "|---|---|"]
@@ -104,14 +124,25 @@ def _schema(name: str, schema: dict[str, Any]) -> list[str]:
             out += [f"One of {_type(schema)}.", ""]
         return out
     required = set(schema.get("required", []))
-    out += ["| field | type | default | range | meaning |", "|---|---|---|---|---|"]
-    for field, written in properties.items():
-        mark = " (required)" if field in required else ""
-        out.append(
-            f"| `{field}`{mark} | {_type(written)} | {_default(written)} | {_range(written)} "
-            f"| {_cell(written.get('description', ''))} |"
-        )
-    return [*out, ""]
+    rows = [
+        [
+            f"`{field}`" + (" (required)" if field in required else ""),
+            _type(written),
+            _default(written),
+            _range(written),
+            _cell(written.get("description", "")),
+        ]
+        for field, written in properties.items()
+    ]
+    return [*out, *_table(["field", "type", "default", "range", "meaning"], rows)]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table without the columns that are empty in every row."""
+    kept = [i for i in range(len(header)) if i == 0 or any(row[i] for row in rows)]
+    lines = ["| " + " | ".join(header[i] for i in kept) + " |", "|" + "---|" * len(kept)]
+    lines += ["| " + " | ".join(row[i] for i in kept) + " |" for row in rows]
+    return [*lines, ""]
 
 
 def _type(schema: dict[str, Any]) -> str:

@@ -73,11 +73,8 @@ def statuses_markdown() -> str:
     from api.errors import error_responses
 
     described = error_responses(*sorted(s for s in OPENAI_EXCEPTIONS if s != 500))
+    when = {int(status): entry["description"] for status, entry in described.items()}
+    when[500] = "An online request's job failed; the `code` is the job's."
     rows = ["| status | `openai` raises | when |", "|---|---|---|"]
-    for status, entry in described.items():
-        rows.append(f"| `{status}` | `{OPENAI_EXCEPTIONS[int(status)]}` | {entry['description']} |")
-    rows.append(
-        f"| `500` | `{OPENAI_EXCEPTIONS[500]}` | An online request's job failed; the `code` "
-        "is the job's. |"
-    )
+    rows += [f"| `{s}` | `{OPENAI_EXCEPTIONS[s]}` | {when[s]} |" for s in sorted(when)]
     return "\n".join(rows)

@@ -150,8 +150,7 @@ def first_request(api: str, env_file: str, compose: str) -> None:
     script = ["set -euo pipefail"]
     for language, written in blocks:
         code = (
-            written.replace("docker compose exec ", f"{compose} exec -T ")
-            .replace("docker compose ", f"{compose} ")
+            written.replace("docker compose ", f"{compose} ")
             .replace("http://localhost:8000", api)
             .replace(" .env)", f" {env_file})")
             .replace("curl -s ", "curl -s --fail-with-body ")

@@ -163,8 +163,8 @@ def first_request(api: str, env_file: str, compose: str) -> None:
     if ran.returncode != 0:
         sys.exit(f"the first-request section of {DEPLOYMENT_PAGE.name} failed (above)")
     python = sum(language == "python" for language, _ in blocks)
-    print(
-        f"compose-check: the first-request section of docs/{DEPLOYMENT_PAGE.name} ran, "
+    print(  # on a line of its own: the section's last command may end without one
+        f"\ncompose-check: the first-request section of docs/{DEPLOYMENT_PAGE.name} ran, "
         f"{len(blocks) - python} shell and {python} Python blocks, in {time.time() - started:.0f} s"
     )
 

@@ -104,11 +104,15 @@ def ended_error(
     )
 
 
-def _status_of(exc: InferqError) -> tuple[int, str]:
+def mapped_status(exc_type: type[InferqError]) -> tuple[int, str] | None:
+    """The status and OpenAI error type of an inferq error of this class (None: unmapped)."""
     return next(
-        ((status, type_) for cls, status, type_ in _STATUSES if isinstance(exc, cls)),
-        (500, "server_error"),
+        ((status, type_) for cls, status, type_ in _STATUSES if issubclass(exc_type, cls)), None
     )
+
+
+def _status_of(exc: InferqError) -> tuple[int, str]:
+    return mapped_status(type(exc)) or (500, "server_error")
 
 
 def error_json(exc: InferqError) -> dict[str, Any]:

@@ -3,7 +3,10 @@
 `first-job`: as soon as the API answers, one job, before the worker has loaded its model;
 prints how long after `up` it completed. `through-the-ports`: a batch file to completion
 with the `openai` client, a streamed chat, a wrong key refused, Flower behind its basic
-auth, the worker's metrics. Exits non-zero, saying what failed, at the first failure.
+auth, the worker's metrics. `first-request`: every command of docs/deployment.md's "First
+request" section, in order, as a user would type them after `docker compose up -d`, with
+this stack's compose command, address and env file in place of the section's. Exits
+non-zero, saying what failed, at the first failure.
 """
 
 from __future__ import annotations
@@ -12,14 +15,18 @@ import argparse
 import io
 import json
 import os
+import re
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import openai
 
 MODEL = "demo"
 BATCH_LINES = 50
+DEPLOYMENT_PAGE = Path(__file__).resolve().parents[1] / "docs" / "deployment.md"
 
 
 def first_job(api: str, key: str) -> None:
@@ -137,6 +144,37 @@ def _metrics(metrics: str) -> None:
     print("compose-check: the worker's metrics say it is ready and count admitted jobs")
 
 
+def first_request(api: str, env_file: str, compose: str) -> None:
+    """Runs the section's shell and Python blocks as one bash script, in order."""
+    blocks = first_request_blocks(DEPLOYMENT_PAGE.read_text())
+    script = ["set -euo pipefail"]
+    for language, written in blocks:
+        code = (
+            written.replace("docker compose ", f"{compose} ")
+            .replace("http://localhost:8000", api)
+            .replace(" .env)", f" {env_file})")
+            .replace("curl -s ", "curl -s --fail-with-body ")
+        )
+        script.append(
+            f"{sys.executable} - <<'PYTHON'\n{code}PYTHON\n" if language == "python" else code
+        )
+    started = time.time()
+    ran = subprocess.run(["bash", "-c", "\n".join(script)], check=False, timeout=900)
+    if ran.returncode != 0:
+        sys.exit(f"the first-request section of {DEPLOYMENT_PAGE.name} failed (above)")
+    python = sum(language == "python" for language, _ in blocks)
+    print(  # on a line of its own: the section's last command may end without one
+        f"\ncompose-check: the first-request section of docs/{DEPLOYMENT_PAGE.name} ran, "
+        f"{len(blocks) - python} shell and {python} Python blocks, in {time.time() - started:.0f} s"
+    )
+
+
+def first_request_blocks(page: str) -> list[tuple[str, str]]:
+    """The `sh` and `python` blocks of the page's "First request" section, in order."""
+    section = page.split("\n## First request\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^```(sh|python)\n(.*?)^```", section, re.M | re.S)
+
+
 def _answers(client: httpx.Client) -> bool:
     try:
         return client.get("/readyz").status_code == 200
@@ -160,15 +198,19 @@ def _wait(ready, timeout_s: float, what: str):  # type: ignore[no-untyped-def]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("check", choices=["first-job", "through-the-ports"])
+    parser.add_argument("check", choices=["first-job", "through-the-ports", "first-request"])
     parser.add_argument("--api", required=True)
-    parser.add_argument("--key", required=True)
+    parser.add_argument("--key")
+    parser.add_argument("--env-file")
+    parser.add_argument("--compose", help="the compose command that stands for `docker compose`")
     parser.add_argument("--flower")
     parser.add_argument("--flower-auth")
     parser.add_argument("--metrics")
     args = parser.parse_args()
     if args.check == "first-job":
         first_job(args.api, args.key)
+    elif args.check == "first-request":
+        first_request(args.api, args.env_file, args.compose)
     else:
         through_the_ports(args.api, args.key, args.flower, args.flower_auth, args.metrics)
 

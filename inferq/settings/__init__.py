@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from inferq.settings.api import ApiSettings, BatchFileSettings
@@ -185,15 +186,42 @@ def _reasons(exc: ValidationError) -> str:
     return "; ".join(reasons)
 
 
+# The configuration page's sections, in order: a title and the groups under it.
+_SECTIONS: tuple[tuple[str, tuple[type[BaseModel], ...]], ...] = (
+    ("Store and queue", (ConnectionSettings,)),
+    ("Engine", (EngineSettings, ServedModelSettings)),
+    ("Worker", (WorkerSettings,)),
+    ("API", (ApiSettings, BatchFileSettings)),
+    ("Webhooks", (WebhookSettings,)),
+    ("Retention and maintenance", (MaintenanceSettings,)),
+    ("Monitoring", (FlowerSettings, LogSettings, HealthSettings)),
+)
+
+
 def settings_table() -> str:
-    """Every setting as a Markdown table: variable, default, meaning (for docs/configuration.md)."""
-    lines = ["| variable | default | meaning |", "|---|---|---|"]
-    for name, field in Settings.model_fields.items():
-        default = field.get_default(call_default_factory=True)
-        shown = (
-            "(unset)"
-            if default is None
-            else f"`{json.dumps(default) if isinstance(default, dict) else default}`"
-        )
-        lines.append(f"| `INFERQ_{name.upper()}` | {shown} | {field.description} |")
-    return "\n".join(lines)
+    """Every setting in Markdown, a section per role (the groups' docstrings) with a table:
+    variable, default, meaning (for docs/configuration.md)."""
+    placed = {name for _, groups in _SECTIONS for group in groups for name in group.model_fields}
+    sections: list[tuple[str, tuple[type[BaseModel], ...]]] = [
+        *_SECTIONS,
+        ("Environment", (Settings,)),
+    ]
+    out = []
+    for title, groups in sections:
+        names = [n for g in groups for n in g.model_fields if g is not Settings or n not in placed]
+        out += [f"## {title}", ""]
+        out += [" ".join((g.__doc__ or "").split()) for g in groups if g is not Settings]
+        out += ["", "| variable | default | meaning |", "|---|---|---|"]
+        out += [_row(name, Settings.model_fields[name]) for name in names]
+        out.append("")
+    return "\n".join(out).strip()
+
+
+def _row(name: str, field: FieldInfo) -> str:
+    default = field.get_default(call_default_factory=True)
+    shown = (
+        "(unset)"
+        if default is None
+        else f"`{json.dumps(default) if isinstance(default, dict) else default}`"
+    )
+    return f"| `INFERQ_{name.upper()}` | {shown} | {field.description} |"

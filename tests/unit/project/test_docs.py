@@ -63,3 +63,56 @@ def test_the_docs_link_to_nothing_outside_the_repository_or_the_site() -> None:
             if target.startswith("http"):
                 continue
             assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+
+
+def test_every_error_code_the_code_can_raise_is_on_the_error_page() -> None:
+    from docs.sitegen.error_codes import raised_codes
+    from docs.sitegen.errors_page import error_codes_markdown, problems
+
+    assert problems() == [], "docs/sitegen/error_codes.toml is out of step with the code"
+    codes = raised_codes()
+    page = error_codes_markdown()
+    assert len(codes) >= 30
+    assert [code for code in codes if f'<span id="{code}"></span>`{code}`' not in page] == []
+    assert "<!-- error-codes -->" in (ROOT / "docs" / "errors.md").read_text()
+
+
+def test_the_error_code_finder_sees_each_way_a_code_is_given() -> None:
+    from docs.sitegen.error_codes import raised_codes
+
+    codes = raised_codes()
+    assert "InvalidRequest" in codes["context_length_exceeded"]  # a code= argument
+    assert "ModelNotFound" in codes["model_not_found"]  # a class attribute
+    assert "_Refused" in codes["duplicate_custom_id"]  # a class that takes code first
+    assert "code" in codes["invalid_api_key"]  # a value assigned to `code`
+    assert "dict" in codes["request_too_large"]  # a "code" key
+
+
+def test_the_figures_on_the_front_page_and_the_results_page_are_what_the_results_say() -> None:
+    from bench.results_page import stale
+
+    assert stale() == [], "run `python -m bench.results_page --write`"
+
+
+def test_the_first_request_section_is_what_the_compose_check_runs() -> None:
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from compose_check import first_request_blocks
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    blocks = first_request_blocks((ROOT / "docs" / "deployment.md").read_text())
+    code = "\n".join(text for _, text in blocks)
+    for step in ("INFERQ_BOOTSTRAP_ADMIN_KEY", "docker compose ps", "/v1/models", "OpenAI("):
+        assert step in code
+    assert "client.batches.create" in code
+    assert "inferq keys create" in code
+    assert "compose_check.py first-request" in (ROOT / "scripts" / "compose-check").read_text()
+
+
+def test_mermaid_is_served_from_the_site_itself() -> None:
+    config = (ROOT / "mkdocs.yml").read_text()
+    assert "- assets/javascripts/mermaid.min.js" in config
+    script = (ROOT / "docs" / "assets" / "javascripts" / "mermaid.min.js").read_text()
+    assert 'globalThis["mermaid"]' in script

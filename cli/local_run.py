@@ -275,6 +275,9 @@ class _NoBroker:
     def publish_finalize(self, batch_id: str) -> None:
         raise BrokerUnavailable(f"a local run finalizes its batch ({batch_id}) itself")
 
+    def lines_queued(self, queue: str) -> None:
+        pass
+
     def cancelled(self, job_ids: Sequence[str]) -> None:
         pass
 

@@ -21,6 +21,8 @@ DELIVER_WEBHOOKS_TASK: Final = "inferq.deliver_webhooks"
 # Redis keys and channels, each under `Settings.redis_key_prefix`.
 JOBS_DONE_CHANNEL: Final = "jobs:done"
 JOBS_CANCEL_CHANNEL: Final = "jobs:cancel"
+# A queue's batch lines were queued: every worker of the queue looks for them at once.
+LINES_QUEUED_CHANNEL: Final = "lines:queued"
 # A batch's lines have ended (some of them): wakes whoever follows its output.
 BATCH_PROGRESS_CHANNEL: Final = "batches:progress"
 # A streamed job's tokens, as generated: a Redis Stream per job (inferq/broker/token_stream.py).

@@ -81,7 +81,7 @@ class Heartbeat:
 
     def _beat(self) -> None:
         minute = self._runtime.last_minute.total()
-        _, room = self._runtime.progress(slots=self._slots)
+        taken, room = self._runtime.progress(slots=self._slots)
         status = WorkerStatus(
             name=self._runtime.worker_name,
             model=self._model,
@@ -98,6 +98,7 @@ class Heartbeat:
             # Until it consumes, a free thread takes nothing from the queues.
             room=self._state.ready and room,
             stuck=self._state.stuck,
+            taken=taken,
         )
         try:
             self._registry.beat(status)

@@ -1,4 +1,5 @@
-"""Listens for cancellations, so that a job held here is aborted in the engine at once."""
+"""Listens for cancellations, so that a job held here is aborted in the engine at once,
+and for batch lines queued on this worker's queue, so that its feeder looks at once."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import threading
 from redis import Redis
 from redis.exceptions import RedisError
 
-from inferq.broker.events import cancel_channel, decode_ids
+from inferq.broker.events import cancel_channel, decode_ids, lines_channel
 from inferq.host import supervision
 from worker.runtime import EngineRuntime
 
@@ -16,12 +17,21 @@ log = logging.getLogger(__name__)
 
 
 class JobEventListener:
-    """A thread subscribed to the cancel channel. A missed cancellation is caught later by
-    lease renewal, which drops jobs this worker no longer holds."""
+    """A thread subscribed to the cancel channel, and to `batch_queue`'s lines. A missed
+    cancellation is caught later by lease renewal, which drops jobs this worker no longer
+    holds; missed lines, by the feeder's next look."""
 
-    def __init__(self, redis: Redis, *, key_prefix: str, runtime: EngineRuntime) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        key_prefix: str,
+        runtime: EngineRuntime,
+        batch_queue: str | None = None,
+    ) -> None:
         self._redis = redis
         self._cancel = cancel_channel(key_prefix)
+        self._lines = None if batch_queue is None else lines_channel(key_prefix, batch_queue)
         self._runtime = runtime
         self._stopping = threading.Event()
         self._thread = supervision.thread(self._run, name="job-events")
@@ -44,10 +54,15 @@ class JobEventListener:
     def _listen(self) -> None:
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
         try:
-            pubsub.subscribe(self._cancel)
+            pubsub.subscribe(*filter(None, (self._cancel, self._lines)))
             while not self._stopping.is_set():
                 message = pubsub.get_message(timeout=1.0)
-                if message is not None:
+                if message is None:
+                    continue
+                channel = message["channel"]
+                if (channel.decode() if isinstance(channel, bytes) else channel) == self._lines:
+                    self._runtime.wake_batches()
+                else:
                     self._runtime.cancel(decode_ids(message["data"]))
         finally:
             pubsub.close()

@@ -15,6 +15,7 @@ from inferq.app import App
 from inferq.broker.celery_app import JobPublisher, consume_again, make_celery
 from inferq.broker.queues import QueueMonitor
 from inferq.broker.token_stream import TokenStreamWriter
+from inferq.broker.worker_registry import WorkerRegistry
 from inferq.domain.queue_names import bulk_queue, gpu_queues
 from inferq.domain.served_models import served_by
 from inferq.host import supervision
@@ -25,6 +26,7 @@ from inferq.store.batches import BatchStore
 from inferq.store.migrate import check_schema
 from worker import probes
 from worker.engine.factory import build_engine
+from worker.fleet import PeerBacklog
 from worker.heartbeat import Heartbeat
 from worker.job_events import JobEventListener
 from worker.metrics import WorkerMetrics, gpu_names, register_gpu_collector
@@ -74,14 +76,22 @@ def _stall_watch(
     consumer: Celery,
     queues: Sequence[str],
     monitor: QueueMonitor,
+    registry: WorkerRegistry,
     worker_name: str,
 ) -> StallWatch:
     """The worker's progress: messages taken, room for another (a free message slot and
-    room at the door), and messages waiting in its model's queues."""
+    room at the door), and messages waiting in its model's queues or taken by its peers
+    since it last took one (worker/fleet.py)."""
+
+    taken_by_peers = PeerBacklog(
+        registry, name=worker_name, model=settings.model_name, runner=settings.runner
+    )
 
     def read() -> Progress:
         taken, room = runtime.progress(slots=settings.effective_worker_concurrency)
-        return Progress(taken=taken, room=room, waiting=sum(monitor.depth(q) for q in queues))
+        elsewhere = taken_by_peers(taken)
+        waiting = sum(monitor.depth(q) for q in queues) + elsewhere
+        return Progress(taken=taken, room=room, waiting=waiting, taken_by_peers=elsewhere)
 
     def give_up(why: str) -> None:
         # Jobs in the engine get the drain's time to finish; the rest go back at once.
@@ -151,7 +161,12 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
         on_tokens=tokens.put,
     )
     model = settings.model_name
-    cancels = JobEventListener(app.redis, key_prefix=settings.redis_key_prefix, runtime=runtime)
+    cancels = JobEventListener(
+        app.redis,
+        key_prefix=settings.redis_key_prefix,
+        runtime=runtime,
+        batch_queue=bulk_queue(settings.model_name),
+    )
     queues = gpu_queues(model)
     consumer = make_celery(settings, serving=model)
     # SIGINT/SIGQUIT (cold shutdown) wait as long as the drain does before cancelling.
@@ -188,6 +203,7 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
         consumer=consumer,
         queues=queues,
         monitor=app.queues,
+        registry=app.workers,
         worker_name=worker_name,
     )
     state.watch.start()

@@ -1,5 +1,5 @@
 """Job events over Redis pub/sub: "finished" wakes long-polls (and followers of a batch's
-output), "cancelled" reaches workers.
+output), "cancelled" reaches workers, and "lines queued" wakes every worker of a queue.
 
 A job's end is published on a channel of its own, so Redis delivers it only to the API
 processes that have a request waiting on that job (they subscribe while it waits), not to
@@ -25,6 +25,7 @@ from inferq.constants import (
     BATCH_PROGRESS_CHANNEL,
     JOBS_CANCEL_CHANNEL,
     JOBS_DONE_CHANNEL,
+    LINES_QUEUED_CHANNEL,
 )
 from inferq.domain.jobs import Choice, JobResult
 
@@ -43,6 +44,11 @@ def batch_progress_channel(key_prefix: str, batch_id: str) -> str:
 
 def cancel_channel(key_prefix: str) -> str:
     return key_prefix + JOBS_CANCEL_CHANNEL
+
+
+def lines_channel(key_prefix: str, queue: str) -> str:
+    """The channel on which batch lines queued on `queue` are announced."""
+    return f"{key_prefix}{LINES_QUEUED_CHANNEL}:{queue}"
 
 
 def decode_ids(data: bytes | str) -> list[str]:
@@ -112,6 +118,14 @@ class JobEvents:
                 pipe.execute()
         except RedisError as exc:
             log.warning("could not announce %d finished jobs: %s", len(job_ids), exc)
+
+    def lines_queued(self, queue: str) -> None:
+        """Tell every worker of `queue` that batch lines wait for it: each looks at once,
+        where a Celery message would wake only the one that takes it."""
+        try:
+            self._redis.publish(lines_channel(self._key_prefix, queue), b"")
+        except RedisError as exc:
+            log.warning("could not announce lines queued on %s: %s", queue, exc)
 
     def cancelled(self, job_ids: Sequence[str]) -> None:
         """Tell every worker (one message for all) and wake whoever waits on each job."""

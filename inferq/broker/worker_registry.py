@@ -36,6 +36,7 @@ class WorkerStatus:
     # Defaults, so a heartbeat from a worker of an earlier release still reads.
     room: bool = False  # it could take another message now (inferq/host/stall.py)
     stuck: str | None = None  # why its stall watch holds it stuck, while it does
+    taken: int = 0  # messages it has taken since it started (worker/fleet.py)
 
 
 class WorkerRegistry:

@@ -3,9 +3,10 @@ and takes none for `stall_s` seconds is stuck, however alive it looks.
 
 A heartbeat, `/metrics` or a Celery ping all answer from a worker whose consumer has
 stopped consuming (a Redis connection that came back half-alive, or an operator's
-`celery control cancel_consumer`), while its jobs wait forever. The watch reads three
-things every few seconds: how much the process has taken so far (a counter), whether it
-has room, and how much waits for it. When the counter has not moved for `stall_s` while
+`celery control cancel_consumer`), while its jobs wait forever, or its peers take them
+all. The watch reads three things every few seconds: how much the process has taken so
+far (a counter), whether it has room, and how much waits for it (what its peers took
+meanwhile included). When the counter has not moved for `stall_s` while
 there was both room and waiting work at every reading, the process is stuck: it says
 why, tries to heal (consume again), and if it is still stuck `stall_s` later, gives up,
 which ends the process so that it is restarted.
@@ -37,6 +38,8 @@ class Progress:
     taken: int  # work taken since the process started (messages, passes scheduled)
     room: bool  # it could take more now
     waiting: int  # work waiting that it would take
+    # Of `waiting`, work its peers took instead of it since it last took any.
+    taken_by_peers: int = 0
 
 
 class StallWatch:
@@ -103,8 +106,13 @@ class StallWatch:
             return
         if now - self._since < self._stall_s:
             return
+        elsewhere = (
+            f" ({reading.taken_by_peers} of them taken by its peers meanwhile)"
+            if reading.taken_by_peers
+            else ""
+        )
         why = (
-            f"{reading.waiting} waiting, room to take them, and nothing taken "
+            f"{reading.waiting} waiting{elsewhere}, room to take them, and nothing taken "
             f"for {now - self._since:.0f} s"
         )
         self.stuck = why

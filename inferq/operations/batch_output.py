@@ -11,7 +11,7 @@ from inferq.domain.batches import Batch, FilePurpose, ResultRow, StoredFile
 from inferq.domain.jobs import JobStatus
 from inferq.store.batches import BatchStore
 from inferq.store.files import FileSize, FileStore
-from inferq.wire.batch_output import render
+from inferq.wire.batch_output import needs_extras, render
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,7 +70,11 @@ class BatchOutput:
         else:
             cursor = max(after, first_active - 1)
         rows = self._batches.results(
-            batch.id, errors=None if include_errors else False, after=after, before=first_active
+            batch.id,
+            errors=None if include_errors else False,
+            after=after,
+            before=first_active,
+            extras=needs_extras(batch.endpoint),
         )
         return PartialOutput(
             cursor=cursor,
@@ -86,7 +90,11 @@ class BatchOutput:
         end = first_active if first_active is not None else (last or 0) + 1
         before = min(end, after + limit + 1)
         rows = self._batches.results(
-            batch.id, errors=None if include_errors else False, after=after, before=before
+            batch.id,
+            errors=None if include_errors else False,
+            after=after,
+            before=before,
+            extras=needs_extras(batch.endpoint),
         )
         lines = [(row.line, b"".join(_interleaved([row], endpoint=batch.endpoint))) for row in rows]
         return OutputPart(
@@ -100,7 +108,7 @@ class BatchOutput:
         """The batch's output file (or, with `errors`, its error file), made from its
         results."""
         return render(
-            self._batches.results(batch.id, errors=errors),
+            self._batches.results(batch.id, errors=errors, extras=needs_extras(batch.endpoint)),
             errors=errors,
             endpoint=batch.endpoint,
         )

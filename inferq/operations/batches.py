@@ -48,9 +48,12 @@ class BatchPublisher(Protocol):
     def publish_finalize(self, batch_id: str) -> None: ...
 
 
-class CancelledJobs(Protocol):
-    """Who is told that running jobs were cancelled (`JobEvents`: their workers abort them)."""
+class BatchEvents(Protocol):
+    """Who is told of a batch's lines (`JobEvents`): that they were queued (every worker
+    of their queue looks for them), and that running ones were cancelled (their workers
+    abort them)."""
 
+    def lines_queued(self, queue: str) -> None: ...
     def cancelled(self, job_ids: Sequence[str]) -> None: ...
 
 
@@ -62,7 +65,7 @@ class BatchOperations:
         batches: BatchStore,
         models: ModelCatalog,
         publisher: BatchPublisher,
-        events: CancelledJobs,
+        events: BatchEvents,
         output: BatchOutput,
         estimates: BatchEstimates,
         max_lines: int,
@@ -242,6 +245,7 @@ class BatchOperations:
         try:
             for queue, job_ids in self.batches.queued_by_queue(batch.id):
                 self._publisher.publish_bulk(job_ids, queue=queue)
+                self._events.lines_queued(queue)
         except BrokerUnavailable as exc:
             # The jobs are safe in Postgres: maintenance publishes those not yet taken.
             log.warning("batch %s is stored but not all published: %s", batch.id, exc.message)
@@ -261,7 +265,7 @@ class BatchLifecycle:
         *,
         batches: BatchStore,
         publisher: BatchPublisher,
-        events: CancelledJobs,
+        events: BatchEvents,
         output: BatchOutput,
     ) -> None:
         self._batches = batches
@@ -304,7 +308,7 @@ def _stopped(
     running: list[str],
     *,
     publisher: BatchPublisher,
-    events: CancelledJobs,
+    events: BatchEvents,
     output: BatchOutput,
 ) -> None:
     """After a batch was stopped: abort its running lines, and have it finalized."""

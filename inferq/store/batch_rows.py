@@ -132,7 +132,8 @@ def batch_from_row(row: BatchRow) -> Batch:
     )
 
 
-# The columns of a line's job that its result needs (`result_row`).
+# The columns of a line's job that its result needs (`result_row`): these for every
+# endpoint, and `RESULT_EXTRAS` for what embeddings and responses say besides.
 RESULT_COLUMNS = (
     JobRow.id,
     JobRow.line,
@@ -144,14 +145,13 @@ RESULT_COLUMNS = (
     JobRow.completion_tokens,
     JobRow.error,
     JobRow.finished_at,
-    JobRow.embedding,
-    JobRow.sampling,
-    JobRow.response,
 )
+RESULT_EXTRAS = (JobRow.embedding, JobRow.sampling, JobRow.response)
 
 
-def result_row(row: Any) -> ResultRow:
-    """A line's result from its job's `RESULT_COLUMNS`."""
+def result_row(row: Any, *, extras: bool = True) -> ResultRow:
+    """A line's result from its job's `RESULT_COLUMNS`, and `RESULT_EXTRAS` if `extras`."""
+    sampling = row.sampling if extras else None
     return ResultRow(
         job_id=row.id,
         line=row.line,
@@ -163,8 +163,8 @@ def result_row(row: Any) -> ResultRow:
         completion_tokens=row.completion_tokens,
         error=row.error,
         finished_at=as_utc(row.finished_at),
-        embedding=row.embedding,
-        pooling=row.sampling.get("pooling"),
-        sampling=row.sampling,
-        response=row.response,
+        embedding=row.embedding if extras else None,
+        pooling=sampling.get("pooling") if sampling else None,
+        sampling=sampling,
+        response=row.response if extras else None,
     )

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, insert, or_, select
+from sqlalchemy import bindparam, func, insert, or_, select
 from sqlalchemy.orm import Session
 
 from inferq.domain.batches import (
@@ -26,6 +26,7 @@ from inferq.store.base import Page, newest_first
 from inferq.store.batch_endings import BatchEndings
 from inferq.store.batch_rows import (
     RESULT_COLUMNS,
+    RESULT_EXTRAS,
     NewBatch,
     batch_from_row,
     new_batch_row,
@@ -43,6 +44,8 @@ from inferq.wire.batch_lines import LineSpec
 
 INSERT_EVERY = 1000
 PUBLISH_CHUNK = 4096
+# Lines read at once for a batch's output: a page, then the next after its last line.
+RESULTS_PAGE = 2000
 # A batch of this many lines has the jobs table's statistics read again once written: of
 # the columns claims, flushes and maintenance choose rows by (the others, prompts and
 # results, cost most of the time to analyse).
@@ -239,28 +242,39 @@ class BatchStore(BatchEndings):
         errors: bool | None,
         after: int = 0,
         before: int | None = None,
+        extras: bool = True,
     ) -> Iterator[ResultRow]:
         """A batch's succeeded lines (with `errors`, the failed and cancelled ones; with
         None, every line that has ended) numbered after `after` and before `before`, in
-        line order, read through a server-side cursor a thousand rows at a time."""
+        line order, read a page of `RESULTS_PAGE` at a time (each read on its own: lines
+        that have ended do not change). `extras`: with what embeddings and responses need
+        besides (`RESULT_EXTRAS`)."""
         if errors is None:
             wanted = [status.value for status in TERMINAL_STATUSES]
         elif errors:
             wanted = [JobStatus.FAILED.value, JobStatus.CANCELLED.value]
         else:
             wanted = [JobStatus.SUCCEEDED.value]
+        columns = (*RESULT_COLUMNS, *RESULT_EXTRAS) if extras else RESULT_COLUMNS
         query = (
-            select(*RESULT_COLUMNS)
-            .where(JobRow.batch_id == batch_id, JobRow.status.in_(wanted), JobRow.line > after)
+            select(*columns)
+            .where(
+                JobRow.batch_id == batch_id,
+                JobRow.status.in_(wanted),
+                JobRow.line > bindparam("after"),
+            )
             .order_by(JobRow.line)
-            .execution_options(yield_per=INSERT_EVERY)
+            .limit(RESULTS_PAGE)
         )
         if before is not None:
             query = query.where(JobRow.line < before)
-        # On the session's connection: the ORM's row handling cost a third of a read.
-        with self._reading() as session:
-            for row in session.connection().execute(query):
-                yield result_row(row)
+        while True:
+            with self._statement() as connection:
+                page = connection.execute(query, {"after": after}).all()
+            yield from (result_row(row, extras=extras) for row in page)
+            if len(page) < RESULTS_PAGE:
+                return
+            after = page[-1].line
 
 
 class _LinesRefused(Exception):

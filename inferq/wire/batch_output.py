@@ -13,6 +13,12 @@ from inferq.wire.openai_format import completion_body
 from inferq.wire.response_objects import ResponseState, response_object
 
 
+def needs_extras(endpoint: str) -> bool:
+    """Whether an endpoint's output lines need more of a job than its choices: an
+    embedding's vectors, or what a response echoes."""
+    return endpoint in (EMBEDDINGS_ENDPOINT, RESPONSES_ENDPOINT)
+
+
 def output_line(row: ResultRow, *, endpoint: str) -> dict[str, Any]:
     """A succeeded line: the chat.completion, text_completion, response or list of
     embeddings a client would get."""

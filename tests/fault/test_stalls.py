@@ -14,6 +14,7 @@ import httpx
 import pytest
 from celery import Celery
 from openai import OpenAI
+from sqlalchemy import select
 
 from inferq.broker.celery_app import make_celery
 from inferq.constants import SERVICE_QUEUES
@@ -22,6 +23,7 @@ from inferq.domain.queue_names import gpu_queues
 from inferq.host.stall import EXIT_STUCK
 from inferq.host.supervision import EXIT_THREAD_DIED
 from inferq.settings import Settings
+from inferq.store.models import JobRow
 from tests.conftest import MODEL_NAME
 from tests.fault.conftest import DeploymentFactory
 from tests.helpers.deployment import Deployment
@@ -163,3 +165,34 @@ def test_workers_that_die_or_cannot_heal_are_replaced_and_nothing_waits(
     deployed.start_worker("gpu-c")
     jobs = deployed.wait_all_ended(ids, timeout_s=BOUND_S)
     assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 4
+
+
+def test_a_worker_whose_peers_take_all_its_work_is_noticed_and_takes_its_share_again(
+    deployment: DeploymentFactory,
+) -> None:
+    """Three workers of one model: gpu-a's consumers are cancelled while gpu-b and gpu-c
+    keep the queue empty, so nothing waits in Redis. gpu-a is noticed from its peers'
+    heartbeats, consumes again and runs jobs, within the bound, in place. (gpu-b and
+    gpu-c only keep the queue empty, on the pipeline-only engine; gpu-a runs the model.)"""
+    deployed = deployment(INFERQ_STALL_S=str(STALL_S))
+    stuck = deployed.start_worker("gpu-a")
+    _cancel_consumers(_control(deployed), "gpu-a@test", gpu_queues(MODEL_NAME))
+    for name in ("gpu-b", "gpu-c"):
+        deployed.start_worker(
+            name, INFERQ_ENGINE="pipeline-only", INFERQ_ALLOW_BENCHMARK_ENGINE="true"
+        )
+    started = time.monotonic()
+    ran_on_a: list[str] = []
+    # A trickle: each round ends before the next is sent, so the queue stays empty.
+    while not ran_on_a:
+        assert time.monotonic() - started < BOUND_S, stuck.log_tail()
+        ids = deployed.submit(_jobs(6))
+        jobs = deployed.wait_all_ended(ids, timeout_s=BOUND_S)
+        assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 6
+        with deployed.sessions() as session:
+            ran_on_a += session.scalars(
+                select(JobRow.id).where(JobRow.id.in_(ids), JobRow.worker == "gpu-a@test")
+            ).all()
+    said = stuck.log_path.read_text()
+    assert "taken by its peers meanwhile" in said, stuck.log_tail()
+    assert stuck.alive(), stuck.log_tail()  # healed in place, not restarted

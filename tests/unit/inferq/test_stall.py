@@ -126,3 +126,14 @@ def test_work_taken_elsewhere_ends_being_stuck() -> None:
     watched.at(131)
     assert watched.healed == 2  # a new stall heals first again
     assert watched.gave_up == []
+
+
+def test_work_its_peers_took_while_it_took_none_makes_it_stuck_and_is_said() -> None:
+    # Its peers keep the queue empty: what they took counts as what waited for it.
+    watched = Watched()
+    watched.reading = Progress(taken=0, room=True, waiting=12, taken_by_peers=12)
+    for now in (0, 30, 61):
+        watched.at(now)
+    assert watched.watch.stuck is not None
+    assert "12 waiting (12 of them taken by its peers meanwhile)" in watched.watch.stuck
+    assert watched.healed == 1

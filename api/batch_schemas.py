@@ -32,6 +32,8 @@ class FilePublic(BaseModel):
 
     @classmethod
     def from_file(cls, file: StoredFile) -> FilePublic:
+        """`file`, measured (FileOperations gives every file measured)."""
+        assert file.bytes is not None, f"file {file.id} is not measured yet"
         return cls(
             id=file.id,
             bytes=file.bytes,

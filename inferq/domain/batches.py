@@ -67,7 +67,8 @@ class StoredFile:
     tenant: str
     purpose: FilePurpose
     filename: str
-    bytes: int
+    # None: a batch's output or error file, not measured yet (see BatchOutput.measured).
+    bytes: int | None
     lines: int
     created_at: datetime
     batch_id: str | None = None

@@ -3,6 +3,7 @@ they are made (results rendered on the fly), and read in part while the batch ru
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -42,15 +43,31 @@ class BatchOutput:
         self._batches = batches
 
     def finalize(self, batch_id: str) -> Batch | None:
-        """If every line has ended: make the output and error files and end the batch."""
+        """If every line has ended: record the output and error files and end the batch.
+        Nothing is rendered: the files' sizes are measured after (`measure`), so a batch
+        ends as its last line does, whatever its size."""
         batch = self._batches.start_finalizing(batch_id)
         if batch is None:
             return None
+        succeeded, others = self._batches.ended_lines(batch_id)
         return self._batches.finish_finalizing(
-            batch_id,
-            output=_measure(self._rendered(batch, errors=False)),
-            errors=_measure(self._rendered(batch, errors=True)),
+            batch_id, output=FileSize(None, succeeded), errors=FileSize(None, others)
         )
+
+    def measure(self, batch: Batch) -> None:
+        """Measure an ended batch's output and error files, those not measured yet."""
+        for file_id in (batch.output_file_id, batch.error_file_id):
+            if file_id is not None:
+                self.measured(self._files.get(file_id))
+
+    def measured(self, file: StoredFile) -> StoredFile:
+        """`file` with its size: a batch's output or error file not measured yet is
+        rendered to measure it, and its size recorded."""
+        if file.bytes is not None:
+            return file
+        size = sum(len(chunk) for chunk in self.content(file))
+        self._files.set_size(file.id, size)
+        return dataclasses.replace(file, bytes=size)
 
     def content(self, file: StoredFile) -> Iterator[bytes]:
         """A file's bytes, streamed: stored chunks, or a batch's results rendered now."""
@@ -118,11 +135,3 @@ def _interleaved(rows: Iterable[ResultRow], *, endpoint: str) -> Iterator[bytes]
     """Succeeded lines as in an output file, the others as in an error file."""
     for failed, run in itertools.groupby(rows, key=lambda row: row.status != JobStatus.SUCCEEDED):
         yield from render(run, errors=failed, endpoint=endpoint)
-
-
-def _measure(chunks: Iterator[bytes]) -> FileSize:
-    size = lines = 0
-    for chunk in chunks:
-        size += len(chunk)
-        lines += 1
-    return FileSize(size, lines)

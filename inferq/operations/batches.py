@@ -274,14 +274,18 @@ class BatchLifecycle:
         self._output = output
 
     def finalize(self, batch_id: str) -> Batch | None:
-        """If every line has ended: make the output and error files and end the batch."""
-        return self._output.finalize(batch_id)
+        """If every line has ended: record the output and error files and end the batch,
+        then measure the files."""
+        batch = self._output.finalize(batch_id)
+        if batch is not None:
+            self._output.measure(batch)
+        return batch
 
     def finalize_finished(self) -> None:
         """Finalize every batch whose last line has ended but which nobody finalized (its
         finalize task was lost)."""
         for batch_id in self._batches.finished():
-            self._output.finalize(batch_id)
+            self.finalize(batch_id)
 
     def expire_due(self) -> list[str]:
         """Expire batches past their completion window; return their ids."""

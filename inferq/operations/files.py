@@ -42,12 +42,15 @@ class FileOperations:
         )
 
     def get(self, file_id: str, *, scope: str | None) -> StoredFile:
-        return self._files.get(file_id, scope=scope)
+        """A file, with its size (a batch's output file's measured now if it was not)."""
+        return self._output.measured(self._files.get(file_id, scope=scope))
 
     def page(
         self, *, scope: str | None, purpose: FilePurpose | None, after: str | None, limit: int
     ) -> Page[StoredFile]:
-        return self._files.page(scope=scope, purpose=purpose, after=after, limit=limit)
+        """A page of files, each with its size (as `get`)."""
+        page = self._files.page(scope=scope, purpose=purpose, after=after, limit=limit)
+        return page._replace(items=[self._output.measured(file) for file in page.items])
 
     def delete(self, file_id: str, *, scope: str | None) -> StoredFile:
         return self._files.delete(file_id, scope=scope)

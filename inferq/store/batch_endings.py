@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import exists, select, update
+from sqlalchemy import exists, func, select, update
 from sqlalchemy.orm import Session
 
 from inferq.domain.batches import Batch, BatchStatus
@@ -104,6 +104,17 @@ class BatchEndings(OutboxStore):
                 row.status = BatchStatus.FINALIZING.value
             row.finalizing_at = row.finalizing_at or self._clock()
             return batch_from_row(row)
+
+    def ended_lines(self, batch_id: str) -> tuple[int, int]:
+        """How many of a batch's lines succeeded, and how many failed or were cancelled."""
+        failed = (JobStatus.FAILED.value, JobStatus.CANCELLED.value)
+        query = select(
+            func.count().filter(JobRow.status == JobStatus.SUCCEEDED.value),
+            func.count().filter(JobRow.status.in_(failed)),
+        ).where(JobRow.batch_id == batch_id)
+        with self._transaction() as session:
+            succeeded, others = session.execute(query).one()
+        return int(succeeded), int(others)
 
     def finish_finalizing(
         self, batch_id: str, *, output: FileSize, errors: FileSize

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
-from sqlalchemy import ColumnElement, insert, or_, select
+from sqlalchemy import ColumnElement, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from inferq.domain.batches import FILE_ID_PREFIX, FilePurpose, StoredFile
@@ -21,9 +21,9 @@ CHUNK_BYTES = 1 << 20
 
 
 class FileSize(NamedTuple):
-    """The size of a file inferq makes: its bytes and lines."""
+    """The size of a file inferq makes: its bytes (None: not measured yet) and lines."""
 
-    bytes: int
+    bytes: int | None
     lines: int
 
 
@@ -120,6 +120,11 @@ class FileStore(Store):
                 limit=limit,
                 convert=lambda rows: [_file_from_row(row) for row in rows],
             )
+
+    def set_size(self, file_id: str, size: int) -> None:
+        """Record the measured size of a file made by inferq (a batch's output or errors)."""
+        with self._transaction() as session:
+            session.execute(update(FileRow).where(FileRow.id == file_id).values(bytes=size))
 
     def delete(self, file_id: str, *, scope: str | None = None) -> StoredFile:
         """Delete a file: its chunks go; batches that used it keep their jobs."""

@@ -278,7 +278,8 @@ class FileRow(Base):
     tenant: Mapped[str] = mapped_column(String(128))
     purpose: Mapped[str] = mapped_column(String(32))
     filename: Mapped[str] = mapped_column(StoredText)
-    bytes: Mapped[int] = mapped_column(BigInteger)
+    # None: a batch's output or error file whose size is not measured yet.
+    bytes: Mapped[int | None] = mapped_column(BigInteger)
     lines: Mapped[int] = mapped_column(Integer)
     batch_id: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(Timestamp)

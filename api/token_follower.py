@@ -1,17 +1,12 @@
 """Following a job's output as it is generated: what SSE responses are made of.
 
-A streamed job's tokens are read from its Redis Stream (`inferq.broker.token_stream`): replayed
-from the first entry, then followed, by the process's one reader of every followed stream
-(`api.stream_reader`). After `RECHECK_S` without entries the job is read from Postgres,
-which tells a job that ended without more tokens (cancelled, failed). A job that was not
-streamed, a stream that expired or a gap in one (entries trimmed or lost) is followed
-through Postgres: its output, or the rest of it, comes once the job has ended.
-
-Postgres restarting does not end a stream (nor an online request's wait: `riding_out`):
-the job goes on, and its reads wait for Postgres for up to `STORE_OUTAGE_S`. Longer, or a
-run lost after output was sent, and the stream ends with an error event that says so
-(`StreamBroken`), never cut without one.
-"""
+A streamed job's tokens are read from its Redis Stream (`inferq.broker.token_stream`),
+replayed from the first entry and then followed by the process's one reader of every
+followed stream (`api.stream_reader`); after `RECHECK_S` without entries the job is read
+from Postgres. A job not streamed, an expired stream or a gap in one is followed through
+Postgres: its output, or the rest of it, comes once the job has ended. A Postgres
+restart does not end a stream: its reads wait up to `STORE_OUTAGE_S`; longer, or a run
+lost after output was sent, and the stream ends with an error event (`StreamBroken`)."""
 
 from __future__ import annotations
 

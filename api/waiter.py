@@ -1,21 +1,14 @@
-"""Long-poll support: wakes requests waiting on a job when the worker reports it done (and
+"""Long-poll support: wakes requests waiting on a job when the worker announces its end (and
 those following a batch's output when lines of it end).
 
 Each job's end is announced on a channel of its own (`inferq.broker.events`), a single
-job's with its result, which a wait that knows the job (`wait`'s `ended`) answers with,
-reading nothing. An API process subscribes to a job's channel only while a request waits
-on it, on one pub/sub connection shared by every waiting request, so it hears of its own
-jobs and nothing else. A request that submits the job it waits on subscribes before the
-job is written (its id chosen beforehand), so it need not read the job to learn whether
-it ended before the subscription.
-
-An announcement is lost only when its publish fails or the pub/sub connection drops (the
-waiter then wakes every request when it reconnects). For those, one sweep a
-`RECHECK_S` asks Postgres which of the jobs waited on have ended, in one query for all of
-them, and wakes their requests: a request reads its job when it starts waiting (unless
-it wrote it) and when woken, never on a timer of its own (64 requests re-reading each
-second cost the API more CPU than everything else it did for them).
-"""
+job's with its result, which a wait that knows the job answers with, reading nothing. An
+API process subscribes to a job's channel only while a request waits on it, on one
+pub/sub connection shared by every waiting request. A request that submits its job
+subscribes before the job is written. For an announcement lost (a failed publish, a
+dropped connection), one sweep every `RECHECK_S` asks Postgres which of the jobs waited
+on have ended, in one query for all of them: a request reads its job only when it starts
+waiting (unless it wrote it) and when woken, never on a timer of its own."""
 
 from __future__ import annotations
 

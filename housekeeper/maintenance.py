@@ -1,28 +1,11 @@
 """Periodic maintenance: Postgres is the truth, so whatever Redis lost is published again.
 
-- A running job whose worker stopped renewing its lease (killed, say) returns to queued
-  and is published again.
-- A queued job not taken within `requeue_after_s` is published again (its message was
-  lost: the API died between commit and publish, or Redis was down).
-- If Redis lost its data (the epoch key is gone: a FLUSHALL, a restart without
-  persistence), every queued job is published again at once.
-- A queued job published before the oldest message still waiting in its Redis list has
-  had its message delivered (lists are first in, first out), yet no worker claimed it: the
-  worker died between taking the message and claiming the job. Once that is a lease old,
-  the job is published again.
-
-A duplicate message is harmless: a worker claims a job only while it is queued (or its
-lease ran out), so the second message finds nothing to do.
-
-Jobs queued for `INFERQ_STALL_S` while their model's workers have room are counted and
-logged as stalled (housekeeper/fleet.py).
-
-Batches in progress are estimated again (inferq/operations/batch_estimates.py), so each
-says when it will end as the work before it and its own lines run.
-
-Last, retention deletes what has outlived its keep (housekeeper/retention.py); each pass's
-report goes to Redis (`retention:passes`, newest first) for operators and benches.
-"""
+`Maintenance.run_once` publishes again every job that should be queued in Redis but may
+not be (a lapsed lease, a message not taken within `requeue_after_s`, Redis's data lost,
+a message delivered but never claimed), counts and logs stuck jobs (housekeeper/fleet.py),
+estimates batches in progress again and runs retention (housekeeper/retention.py); one
+housekeeper runs it at a time (a Redis lock). A duplicate message is harmless: a job is
+claimed only while queued. Each case, in full: docs/how-it-works.md, "Maintain"."""
 
 from __future__ import annotations
 

@@ -1,31 +1,11 @@
-"""Admission: which jobs enter the engine, and when, from Postgres to vLLM.
+"""The admission queue: claimed requests waiting for room in the engine.
 
-A job passes three stages on its way into the engine, and single jobs go first at each:
-
-1. The claim, through the door (worker/door.py): the worker claims only what its engine
-   will soon run (a full engine plus a micro-batch waiting), so a job held back stays
-   `queued` in Postgres, truthfully, where cancelling it is free and another worker can
-   still take it. A single job's Celery task asks the door for its job, claims it in its
-   own thread if it fits, and returns; the feeder (worker/feeder.py) claims the jobs
-   asked for that did not fit, oldest message first, as room is freed, then batch lines,
-   whenever there is room for half a micro-batch, in the order work is shared between
-   tenants (inferq/domain/fair_share.py): that claim is the one place their order is
-   decided. A single job asked for holds batch lines back, and may use
-   `interactive_held_jobs` places more: the engine keeps slots for single jobs, so a
-   worker full of batch lines must not keep them out.
-2. The admission queue (this module), between the claim and the engine. Claimed requests
-   wait here until the engine has room, single jobs first (by their `priority`, then
-   arrival), then batch lines in the order they were claimed. Batch lines fill the engine
-   up to `max_num_seqs`; single jobs may go past that into the slots kept for them
-   (`interactive_seqs`), so a single job never waits for a full engine of batch lines to
-   drain. An idle engine waits up to `max_batch_delay_ms` for a micro-batch of batch lines
-   to gather, so the first prefill is shared; a single job never waits for that, and a
-   busy engine takes whatever is pending at every step.
-3. vLLM's priority scheduler, inside the engine (`scheduling_policy="priority"`, fed by
-   `inferq.domain.jobs.engine_priority`): it runs single jobs ahead of batch lines (every
-   batch line at one priority: their order was the claim's) and preempts batch lines if
-   the KV cache runs short.
-"""
+`AdmissionQueue` holds what the feeder and the tasks claimed until the engine loop takes
+it: single jobs first (by `priority`, then arrival), then batch lines in the order they
+were claimed. `take` gives batch lines room up to `max_num_seqs` and single jobs up to
+`interactive_seqs` more; an idle engine waits up to `max_batch_delay_ms` for
+`max_batch_size` batch lines to gather (a single job never waits for that). Where this
+sits among the three places single jobs go first: docs/how-it-works.md."""
 
 from __future__ import annotations
 

@@ -1,20 +1,14 @@
 """The door into the engine: the one count of the jobs a worker holds, and the order in
-which more come in (the whole path is told in worker/admission.py).
+which more come in.
 
-A single job's Celery task asks for its jobs here, gets their tickets, and claims them at
-once in its own thread if they fit (`Feeder.claim_asked`): a wake-up of another thread per
-message costs more CPU than the claim. What does not fit waits here, oldest message first,
-and the feeder (worker/feeder.py) claims it as room is freed, then batch lines, as many
-as there is room for. A job is held from its claim until its outcome is committed, it is
-cancelled, or it goes back to the queue; then its ticket ends, which tells whoever asked
-(worker/pool.py reports the message's task done, and Celery acknowledges it). Two
-messages that carry the same job (a redelivery) share one ticket, so the job runs once.
-
-Room: `limit` jobs held, the claims under way counted in. Batch lines get room only while
-no single job is asked for; single jobs may use `interactive_extra` places more, since the
-engine keeps slots for them that a worker full of batch lines must not keep them out of,
-and a message larger than the whole limit gets in when nothing is held.
-"""
+A single job's task asks for its jobs (`ask`) and gets a `Ticket` each; what fits is
+claimed at once in the task's thread (`Feeder.claim_asked`), the rest waits here, oldest
+message first, for the feeder. A job is held from its claim until its outcome is
+committed, it is cancelled or it is given back; then its ticket ends, which tells whoever
+asked. Two messages carrying the same job share one ticket. Room: `limit` jobs held,
+claims under way counted in; batch lines get room only while no single job is asked for,
+single jobs `interactive_extra` places more, and a message larger than the whole limit
+gets in when nothing is held."""
 
 from __future__ import annotations
 

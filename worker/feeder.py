@@ -1,21 +1,12 @@
-"""The feeder: the thread that claims work for a worker, through its door
-(worker/door.py).
+"""The feeder: the thread that claims work for a worker, through its door (worker/door.py).
 
-It claims, in one transaction each time:
-1. the single jobs whose messages' tasks asked for them and did not fit when they asked
-   (or whose claim failed), oldest message first, as soon as they fit (by id: their
-   messages name them); a task claims what fits in its own thread (`claim_asked`);
-2. then, whenever there is room for half a micro-batch or more and no single job is
-   asked for, as many batch lines of its queue as there is room for (a micro-batch
-   first, for an idle engine), no more than its share of those left between its peers,
-   in the order work is shared between tenants (inferq/store/batch_claims.py).
-
-What it claims goes to the admission queue (`on_claimed`).
-
-Postgres holds the lines, so nothing the feeder needs for them lives in Redis: an
-announcement of lines queued only wakes it sooner, and it looks again every `poll_s`
-regardless, so one lost with Redis costs a moment, not a line.
-"""
+Each pass claims, in one transaction: first the single jobs asked for that did not fit
+when asked (oldest message first, once they fit); then, while no single job is asked
+for and there is room for half a micro-batch, batch lines of its queues, no more than
+its share of those left between its peers, in the order work is shared between tenants
+(inferq/store/batch_claims.py). What it claims goes to the admission queue
+(`on_claimed`). Postgres keeps the lines: an announcement only wakes it sooner, and it
+looks again every `poll_s` regardless."""
 
 from __future__ import annotations
 

@@ -1,16 +1,11 @@
 """The engine loop: one thread that owns the engine, admits work and steps it.
 
-Continuous admission: after every engine step, pending requests fill the room that
-finished sequences left, up to `max_num_seqs` in flight. The loop never waits for a
-whole batch to finish, which is what keeps the engine full (docs/how-it-works.md,
-"Why continuous admission", has the measurements).
-
-If the engine dies, the loop builds a new one and admits the in-flight requests again.
-Nobody can tell which request killed it, so each one present counts a death. A request
-at its last-but-one death goes on probation: it runs alone, so that a further death
-implicates it and no other. A request present at `max_engine_deaths` deaths is failed as
-poison; its innocent neighbours pass their solo run and finish.
-"""
+After every engine step, pending requests fill the room finished sequences left, up to
+`max_num_seqs` in flight: the loop never waits for a whole batch to finish
+(docs/how-it-works.md, "Why continuous admission"). If the engine dies, the loop builds
+a new one and admits the in-flight requests again; each request present counts a death.
+A request at its last-but-one death runs alone (probation), so a further death implicates
+it only; one present at `max_engine_deaths` deaths is failed as poison."""
 
 from __future__ import annotations
 

@@ -56,8 +56,8 @@ def _die(exc: BaseException) -> None:
 
 def _quiet_celery_per_message() -> None:
     """Celery logs two lines a message at INFO (received, succeeded): at the rate single
-    jobs come, noise that cost the worker's consumer and pool a tenth of their CPU. They
-    show at DEBUG; failures still show at every level."""
+    jobs come, noise that costs the worker's consumer and pool CPU. They show at DEBUG;
+    failures still show at every level."""
     if not logging.getLogger().isEnabledFor(logging.DEBUG):
         for name in ("celery.app.trace", "celery.worker.strategy"):
             logging.getLogger(name).setLevel(logging.WARNING)

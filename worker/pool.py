@@ -1,19 +1,12 @@
 """The GPU worker's Celery pool: no thread waits on a message.
 
-Celery hands each message's task to its pool and acknowledges the message when the pool
-reports the task done. Celery's thread pool gave every message a thread of its own, which
-waited until the message's jobs were committed: two thread wake-ups a message, the
-costliest part of Celery's per-message CPU on a virtual machine.
-
-Here the task runs in Celery's consumer thread, where it asks for its jobs at the door
-(worker/runtime.py) and returns at once; the pool holds the report back until those jobs
-have ended, and makes it from the thread that ended the last one (the writer's, after
-the commit): Celery then acknowledges the message, or puts it back if its jobs went
-back to the queue. A message with nothing to wait on (a batch's wake-up, a refused
-message) is reported at once. Celery still sees every message as a task it received,
-started and finished (in Flower, and in its events with their runtime), and a warm
-shutdown waits for the reports of the messages held, as it waited for the threads.
-"""
+A message's task runs in Celery's consumer thread, where it asks for its jobs at the
+door (worker/runtime.py) and returns at once. The pool keeps the task's report back
+until those jobs have ended and makes it from the thread that ended the last one (the
+writer's, after the commit): Celery then acknowledges the message, or puts it back if
+its jobs were given back. A message with nothing to wait on (a batch's wake-up, a
+refused message) is reported at once. Celery still sees every message as a task
+received, started and finished, and a warm shutdown waits for the reports kept back."""
 
 from __future__ import annotations
 

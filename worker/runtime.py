@@ -1,18 +1,12 @@
 """The GPU runtime: what a Celery task calls to run jobs, and the pieces behind it.
 
-A single job's task asks for its job at the door (worker/door.py), claims it there if
-it fits, and returns; the worker's Celery pool (worker/pool.py) reports the task done
-once the writer has committed the job's outcome, and only then does Celery acknowledge
-the message. The feeder (worker/feeder.py) claims what was asked for and did not fit,
-and batch lines whenever there is room; claims go to the admission queue. A batch's
-message only wakes the feeder. While jobs are held, the lease keeper (worker/leases.py)
-renews them.
-
-On shutdown the runtime drains: nothing new is admitted, jobs not yet in the engine go
-back to queued at once, jobs in the engine (or entering it, or being written) get
-`drain_timeout_s` to finish, and whatever is left is aborted and goes back too. A message
-whose jobs went back returns to Redis instead of being acknowledged.
-"""
+`ask` asks the door (worker/door.py) for a single job's jobs and claims what fits; the
+feeder (worker/feeder.py) claims the rest and batch lines; claims enter the admission
+queue, the engine loop runs them and the writer commits their outcomes, after which the
+pool (worker/pool.py) reports the message's task done. While jobs are held, the lease
+keeper (worker/leases.py) renews them. On shutdown `drain` admits nothing new, gives back
+the jobs not in the engine at once, lets those in it finish for `drain_timeout_s`, and
+aborts and gives back the rest with their messages."""
 
 from __future__ import annotations
 

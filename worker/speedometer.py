@@ -1,18 +1,13 @@
 """What this worker's engine does a second, measured as it runs: the rate batch estimates
 count on (inferq/domain/estimates.py), reported with the heartbeat (worker/heartbeat.py).
 
-The engine loop's thread tells it, after every step, how long the loop took since the
-last one, how many sequences the engine held (each makes a token a step) and whether it
-admitted requests before the step (their prompts were filled in it), and, for each
-request that ends, its tokens and `max_tokens`. Steps with the engine at least
-`FULL_SHARE` full give the rate a large batch gets: on a GPU a step costs about the same
-at 8 sequences as at 256, so a rate taken at low load would say a batch takes far longer
-than it does. Steps with few sequences and no prompt to fill give what a batch's last
-lines cost beyond their tokens at that rate (as the engine empties, a step makes fewer
-tokens; on a GPU it takes as long, on a CPU much less). The heartbeat's thread reads it.
-Counts are kept in buckets of `BUCKET_S` over `WINDOW_S`, so memory stays bounded however
-fast the engine steps.
-"""
+The engine loop's thread reports each step (its time, the sequences in the engine,
+whether prompts were filled in it) and each request that ends (its tokens and
+`max_tokens`); the heartbeat's thread reads the rates. Steps with the engine at least
+`FULL_SHARE` full give the rate a large batch gets (a step costs about the same however
+full the engine on a GPU); steps with few sequences and no prompt give what a batch's
+last lines cost beyond their tokens. Counts are kept in buckets of `BUCKET_S` over
+`WINDOW_S`, so memory stays bounded however fast the engine steps."""
 
 from __future__ import annotations
 

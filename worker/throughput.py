@@ -20,7 +20,7 @@ class Throughput:
 
 
 class RollingMinute:
-    """Counts of committed work in the last 60 seconds. Thread-safe."""
+    """Counts of committed work in the last minute. Thread-safe."""
 
     def __init__(self) -> None:
         self._events: deque[tuple[float, int, int, int]] = deque()

@@ -1,19 +1,12 @@
 """The result writer: finished outcomes go to Postgres in bulk, one transaction a flush.
 
-Only after the commit are the waiting tasks released (and so their messages
-acknowledged). If the database is down, the writer keeps the outcomes and retries; if
-one outcome cannot be stored at all, it is written alone as a failure, so one bad
-result never blocks the others.
-
-A flush costs about the same for one result as for dozens. Someone waits on a single
-job's result, so it goes at once after a quiet spell, and `flush_ms` after the last write
-under load. Nobody waits on one batch line's: those wait up to `bulk_wait_s` for company
-(or until `BULK_GATHER` of them), unless a single job's result comes and takes them along,
-or nothing more is on its way (`more_coming`: the last lines of a batch go at once). Where
-an engine finishes a few lines a second (a large model, or a CPU), that is a dozen lines
-a flush instead of one or two: the flush was the largest part of the worker's CPU per
-line.
-"""
+Only after the commit does it report them (`on_committed`): a message is acknowledged
+only once its jobs' outcomes are stored. If the database is down the writer keeps the
+outcomes and retries; an outcome that cannot be stored at all is written alone as a
+failure, so one bad result never blocks the others. A single job's result is flushed at
+once after a quiet spell, and `flush_ms` after the last write under load; batch lines'
+wait up to `bulk_wait_s` (or until `BULK_GATHER` of them) unless a single job's result
+takes them along or nothing more is on its way (`more_coming`)."""
 
 from __future__ import annotations
 

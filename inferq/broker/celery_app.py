@@ -100,7 +100,7 @@ def make_celery(
         task_create_missing_queues=False,
         # Task events feed only Flower, and cost four Redis commands a message: workers
         # send them once Flower asks (it broadcasts `enable_events` when it starts and
-        # every 5 s after; they stay on until the worker restarts), and publishers never
+        # again periodically; they stay on until the worker restarts), and publishers never
         # send "task-sent".
         worker_send_task_events=False,
         task_send_sent_event=False,

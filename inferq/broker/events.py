@@ -1,15 +1,11 @@
 """Job events over Redis pub/sub: "finished" wakes long-polls (and followers of a batch's
 output), "cancelled" reaches workers, and "lines queued" wakes every worker of a queue.
 
-A job's end is published on a channel of its own, so Redis delivers it only to the API
-processes that have a request waiting on that job (they subscribe while it waits), not to
-every API process. Pub/sub is a hint that saves latency, never the truth: whoever listens
-also re-reads Postgres on a timer, so a lost message costs a second, not a job.
-
-A single job's announcement carries its choices as committed (`announced_result`), so the
-request that waits on it answers without reading it back from Postgres; a batch line's,
-an embedding's, a failure's and a cancel's carry nothing, and their waiters read the job.
-"""
+A job's end is published on a channel of its own, heard only by the API processes with a
+request waiting on it. Pub/sub is a hint that saves latency, never the truth: whoever
+listens also reads Postgres again on a timer. A single job's announcement carries its
+choices as committed (`announced_result`), so its waiter answers without reading the job;
+a batch line's, an embedding's, a failure's and a cancel's carry nothing."""
 
 from __future__ import annotations
 

@@ -1,24 +1,13 @@
 """kombu's Redis transport, with a connection that has been let go failing as a lost
 connection rather than as a bug, and one client for a channel's commands.
 
-When its broker goes away, Celery collects the broken connection, which detaches the
-transport from its client. Whatever then touches one of that connection's channels (Celery
-5.7.0 closes it a second time; a job's late acknowledgement comes after the reconnect)
-needs Redis again, and kombu, building a client from the detached transport, raises
-AttributeError. Celery takes that for an unrecoverable error and the worker exits: a GPU
-worker's engine is then loaded again from scratch (minutes for a large model). The chaos
-run saw it on every Redis restart (bench/chaos). Raised as Redis's ConnectionError, it is
-what Celery and kombu already handle there: the close is ignored, the acknowledgement is
-logged and dropped (the message comes back after its visibility timeout, or, when Redis
-lost it, from Postgres at the next maintenance pass; either way a job gets one result:
-results are written once), and the worker reconnects.
-
-kombu builds a new Redis client for every publish, and for every message a worker takes
-and acknowledges (twice a message): a client costs twice the CPU of the LPUSH it sends
-(redis-py fills its tables of response callbacks each time). A client is a handle on the
-channel's connection pool and safe to share between threads, so the channel keeps one per
-pool and hands it out, until kombu replaces the pool (after a failure).
-"""
+After a broker failure Celery detaches the broken connection from its transport; a
+channel of it touched later (a second close, a late acknowledgement) raises Redis's
+ConnectionError here, which Celery and kombu handle by reconnecting, where kombu's
+AttributeError would end the worker (and a GPU worker's engine would load again). The
+dropped acknowledgement costs nothing: the message comes back, and results are written
+once. A channel keeps one Redis client per connection pool for its commands, where kombu
+builds one per publish and acknowledgement; a new pool (after a failure) gets a new one."""
 
 from __future__ import annotations
 

@@ -1,18 +1,12 @@
 """Tokens as they are generated, carried from the GPU worker to the API through Redis.
 
-Only jobs submitted with `stream` are carried: vLLM emits per-step deltas for them alone,
-so batch work keeps final-only outputs. Each such job has a Redis Stream of its own. Each
-time the job enters an engine (again, after a lost worker or a restarted engine) a `start`
-entry is appended, then `delta` entries, each
-with the new text of one or more of its choices, the tokens that text covers, their
-logprobs and, on a choice's last, its finish reason. Readers replay from the first entry
-and block for more, at their own pace: a slow reader holds nothing but its place.
-
-A stream is bounded in length (older entries are trimmed past `max_entries`) and in life
-(it expires `ttl_s` after its last entry). Postgres still gets the whole result: the
-stream is only how tokens reach a reader sooner, so a reader that finds entries missing
-(a gap in a choice's token offsets) takes the rest from the stored result.
-"""
+Only jobs submitted with `stream` are carried, each on a Redis Stream of its own. Each
+time the job enters an engine a `start` entry is appended, then `delta` entries, each with
+the new text of one or more of its choices, the tokens that text covers, their logprobs
+and, on a choice's last, its finish reason. Readers replay from the first entry and block
+for more at their own pace. A stream is bounded in length (`max_entries`) and in life
+(`ttl_s` after its last entry); Postgres still gets the whole result, so a reader that
+finds entries missing (a gap in a choice's token offsets) takes the rest from there."""
 
 from __future__ import annotations
 

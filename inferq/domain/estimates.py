@@ -1,42 +1,12 @@
 """When a batch will end, and what it will cost in tokens: plain data and the arithmetic.
 
-The GPU workers measure their engines (`EngineSpeed`, kept in Postgres); a batch's row says
-how much work it holds and how much is done (`BatchWork`). A batch ends when the work
-queued before it and its own remaining work have run at the rate its model's workers
-have to spare:
-
-- Work is counted in the tokens the engine makes: output tokens for generation, prompt
-  tokens for embeddings. A line's output is not known until it ends; it is expected at
-  the share of `max_tokens` that lines generate (`output_fraction`): first as the model's
-  workers measured it on everything they ran, then as the batch's own lines generated.
-  The lines that end first are the batch's shortest (they started together with longer
-  ones), so their share raises the expectation at once (theirs alone once 5% of the
-  lines have ended) but lowers it only as the batch's lines end (by the share ended).
-- The work that shares the engine with it: batch lines are claimed fairly between
-  tenants (inferq/domain/fair_share.py), so every tenant with work in progress gets a
-  share of the rate by its weight, and runs its own batches one after another (priority,
-  then the window that closes first, then age); a tenant that finishes leaves its share
-  to the others. A batch ends when that sharing, run forward (`_shared_ends`), reaches
-  the end of its work. Single jobs always go first: their rate over the last minute is
-  taken from the rate batches get.
-- The rate: the sum of the model's workers' measured rates (a worker reports every few
-  seconds over a window of two minutes, so the rate follows what shares the engine and
-  the host; one silent for `LIVE_S` is gone). With none live (scaled to zero, or not yet
-  started) the newest measurement stands for the one worker that will take the work. A
-  batch's own pace is not used: measured in the tokens of its ended lines it lags while
-  its lines run together, and falls to nothing while it waits behind another batch.
-- Its last lines: they run with the engine emptying, a step a token however few of them
-  are left, and such a step makes fewer tokens than a full one. So the longest line's
-  expected tokens come on top, at what a step with few sequences takes beyond its
-  tokens' time at the full rate, as the workers measured it (on a GPU nearly the whole
-  step; on a CPU, where a step's time follows its sequences, little).
-
-The interval says how wrong the estimate may be: the rate may be off by `RATE_SHARE`
-either way (the earliest is the expected time less that share of it), and the lines may
-run to their `max_tokens` while the others' work all runs first (the latest is the later
-of the expected time plus that share and every remaining line at its `max_tokens` after
-everything that may go before it).
-"""
+`estimate` takes the model's workers' measured rates (`EngineSpeed`, `ModelSpeed`) and the
+work of every batch of the model in progress (`BatchWork`), and returns an `Estimate`:
+the batch's expected end, with an interval from `RATE_SHARE` either way on the rate to
+every remaining line running to its `max_tokens`. Work is counted in the tokens the
+engine makes; tenants share the rate by weight as their lines are claimed
+(inferq/domain/fair_share.py) and single jobs' recent rate comes first. How the
+estimate is made, in a user's words: docs/guide/batches.md."""
 
 from __future__ import annotations
 
@@ -48,7 +18,8 @@ from typing import Any
 
 from inferq.domain.fair_share import batch_order
 
-# A worker that has not reported for this long is not counted (it reports every 5 s).
+# A worker that has not reported for this long is not counted (it reports every
+# `HEARTBEAT_EVERY_S`).
 LIVE_S = 60
 # Until this share of a batch's lines have ended, its expected output leans on what the
 # model's workers measured; from then on, on what its own lines generated.

@@ -1,22 +1,13 @@
 """Who gets the engine's room for batch work next: weighted fair queuing between tenants.
 
-Single jobs never wait for this: they go first (worker/door.py). The room left for
-batch lines is shared between the tenants that have lines waiting, in proportion to
-their weights (an admin sets one per API key; a tenant's is the largest of its live
-keys', 1 by default). A tenant alone gets all of it.
-
-Each tenant has a virtual finish time: every line claimed for it adds 1 / its weight.
-The next line goes to the tenant whose finish time is earliest, so over any window two
-tenants with lines waiting get lines in the ratio of their weights. A tenant that had
-nothing waiting joins at the queue's clock, the earliest finish time among the tenants
-still waiting at the last claim, so time away earns it no credit. Within a tenant, its
-batches go in order of `priority` (lower first), then the one whose completion window
-closes first, then age; a batch's lines go in input order.
-
-Between the workers of one queue, lines are shared too: none claims more than its share
-of the lines left (`FleetShare`), so a batch too small to fill every engine runs on all
-of them rather than on the first to look.
-"""
+Single jobs never wait for this: they go first. The room left for batch lines is shared
+between the tenants with lines waiting in proportion to their weights (a tenant's is the
+largest of its live API keys', 1 by default): each line claimed for a tenant adds
+1 / weight to its virtual finish time, and the next line goes to the earliest. A tenant
+that had nothing waiting joins at the queue's clock, so time away earns no credit.
+Within a tenant: `priority` (lower first), then the window that closes first, then age;
+a batch's lines in input order. Between the workers of one queue, none claims more than
+its share of the lines left (`FleetShare`)."""
 
 from __future__ import annotations
 

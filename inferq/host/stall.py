@@ -1,16 +1,12 @@
 """Progress, not presence: a process that has room for work, while work waits for it,
 and takes none for `stall_s` seconds is stuck, however alive it looks.
 
-A heartbeat, `/metrics` or a Celery ping all answer from a worker whose consumer has
-stopped consuming (a Redis connection that came back half-alive, or an operator's
-`celery control cancel_consumer`), while its jobs wait forever, or its peers take them
-all. The watch reads three things every few seconds: how much the process has taken so
-far (a counter), whether it has room, and how much waits for it (what its peers took
-meanwhile included). When the counter has not moved for `stall_s` while
-there was both room and waiting work at every reading, the process is stuck: it says
-why, tries to heal (consume again), and if it is still stuck `stall_s` later, gives up,
-which ends the process so that it is restarted.
-"""
+A heartbeat, `/metrics` or a Celery ping all answer from a worker whose consumer stopped
+consuming. The watch reads, every few seconds, how much the process has taken so far (a
+counter), whether it has room, and how much waits for it (what its peers took meanwhile
+included). When the counter has not moved for `stall_s` while there was room and waiting
+work at every reading, the process is stuck: it says why, tries to heal (consume again),
+and if it is still stuck `stall_s` later, ends the process so that it is restarted."""
 
 from __future__ import annotations
 

@@ -2,16 +2,13 @@
 an exception nobody planned for is logged with its traceback, and the process exits with
 `EXIT_THREAD_DIED`.
 
-A thread is never restarted in its place: after an unexpected exception nothing proves
-that what it shared (held jobs, room at the door, results half written) is consistent. A
-process that exits lets its leases lapse and its unacknowledged messages go back to
-Redis, the paths the fault tests prove, and compose's restart policy or Kubernetes starts
-a fresh one. Without this, a dead thread leaves a process that looks alive and does
-nothing: every message waiting on the result writer waits forever.
+A thread is never restarted in its place: nothing proves that what it shared (held jobs,
+room at the door, results half written) is consistent. A process that exits lets its
+leases lapse and its unacknowledged messages go back to Redis, and its supervisor starts
+a fresh one.
 
     thread(self._run, name="result-writer")  # instead of threading.Thread
-    watch_task(asyncio.create_task(...))      # the API's long-lived tasks
-"""
+    watch_task(asyncio.create_task(...))      # the API's long-lived tasks"""
 
 from __future__ import annotations
 

@@ -76,8 +76,8 @@ class EngineSettings(BaseModel):
         le=19,
         description="Nice value of vLLM's engine processes: higher gives the cores to the API, "
         "the worker's own threads, Redis and Postgres first when they need them. On a CPU, "
-        "19 makes first tokens 2-4x sooner under load and costs batch files ~6% of their "
-        "throughput (docs: Operations, Running on a CPU); 0 leaves the engine as started.",
+        "that trades a little of batch files' throughput for sooner first tokens under load "
+        "(docs: Operations, Running on a CPU); 0 leaves the engine as started.",
     )
     engine_core_nice: int = Field(
         19,
@@ -85,9 +85,9 @@ class EngineSettings(BaseModel):
         le=19,
         description="Nice value of vLLM's engine core where the model runs in processes of "
         "its own (vLLM on a CPU): the core only schedules, and spins while the model runs, on "
-        "cores the API, Redis and Postgres need. At 19 their short work goes first: streamed "
-        "chats at 16 in flight on two cores got first tokens 3x sooner and 1.4x the tokens/s "
-        "(docs: Operations, Running on a CPU). 0 leaves the core as started. A core that "
+        "cores the API, Redis and Postgres need. Higher lets their short work go first: sooner "
+        "first tokens under load, at little cost to the engine (docs: Operations, Running on "
+        "a CPU). 0 leaves the core as started. A core that "
         "runs the model itself (one GPU) is left alone.",
     )
     engine_group_nice: int = Field(
@@ -97,13 +97,15 @@ class EngineSettings(BaseModel):
         description="Nice value of the worker's scheduling group (its session, where Linux "
         "groups tasks by session and the worker leads its own) where the model runs in "
         "processes of its own (vLLM on a CPU). The kernel shares the cores between groups "
-        "first, and the engine's processes spin while they wait for each other: at 5 the "
-        "API, Redis and Postgres go first, and streamed first tokens at p99 come in 0.13 s "
-        "instead of 0.9-2.2 s on two cores, at the cost of up to 19% of the tokens/s at 64 "
-        "streams (docs: Operations, Running on a CPU). 0 leaves the group as it is.",
+        "first, and the engine's processes spin while they wait for each other: higher lets "
+        "the API, Redis and Postgres go first, for sooner first tokens under load at the cost "
+        "of some of the engine's tokens/s when many streams run (docs: Operations, Running on "
+        "a CPU). 0 leaves the group as it is.",
     )
     engine_step_timeout_s: float = Field(
-        300, gt=0, description="An engine step longer than this is a hang: the engine restarts."
+        300,
+        gt=0,
+        description="An engine step longer than this means the engine is stuck: it restarts.",
     )
     max_engine_deaths: int = Field(
         3, ge=1, description="Engine deaths a request may see before it fails as poison."

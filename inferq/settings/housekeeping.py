@@ -50,7 +50,7 @@ class WebhookSettings(BaseModel):
         86400, ge=0, description="After a secret rotation, how long the old secret also signs."
     )
     webhook_concurrency: int = Field(
-        16, ge=1, description="Webhooks one delivery worker sends at once."
+        16, ge=1, description="Webhooks one housekeeper sends at once."
     )
 
     @field_validator("webhook_allowed_networks", "webhook_retry_schedule_s", mode="before")

@@ -36,9 +36,9 @@ class HealthSettings(BaseModel):
         ge=10,
         description="A worker with room, whose queues hold work, that takes none for this long "
         "is stuck: it consumes again, and exits to be restarted if still stuck this long "
-        "after (the webhooks worker likewise; beat exits when it has scheduled no maintenance "
+        "after (the housekeeper likewise; beat exits when it has scheduled no maintenance "
         "for this long); maintenance counts jobs queued this long while their model's workers "
-        "have room as stalled (`inferq_jobs_stalled`). Too short restarts a worker that is "
+        "have room as stuck (`inferq_jobs_stalled`). Too short restarts a worker that is "
         "only slow to get back to Redis after an outage; too long leaves jobs waiting (docs: "
         "Operations).",
     )

@@ -23,7 +23,7 @@ class WorkerSettings(BaseModel):
     worker_concurrency: int | None = Field(
         None,
         ge=1,
-        description="Messages a GPU worker holds at once; max_num_seqs + interactive_seqs + "
+        description="Messages a GPU worker takes at once; max_num_seqs + interactive_seqs + "
         "max_batch_size if unset.",
     )
     bulk_chunk_size: int | None = Field(
@@ -46,7 +46,7 @@ class WorkerSettings(BaseModel):
     result_flush_ms: int = Field(
         20,
         ge=0,
-        description="Least time between two bulk writes of results (a single job's result "
+        description="Least time between two flushes of results (a single job's result "
         "after a quiet spell is written at once; batch lines wait up to 1 s for company "
         "while more are on their way).",
     )

@@ -85,11 +85,10 @@ class Store:
     @contextmanager
     def _driver(self) -> Iterator[psycopg.Connection[Any]]:
         """psycopg's own connection in autocommit, for one statement that commits on its
-        own, for the worker's hottest statements (its claims and flushes): run on the
-        driver itself, a statement costs a third of the CPU it costs through SQLAlchemy's
-        connection. On PostgreSQL only. A store that holds connections keeps it for the
-        thread's next statement (the pool's checkout and return, with autocommit switched on
-        and off, cost about 45 µs of CPU a statement); otherwise it goes back to the pool.
+        own: the worker's hottest statements (its claims and flushes), which cost less CPU
+        on the driver than through SQLAlchemy's connection. On PostgreSQL only. A store that
+        holds connections keeps it for the thread's next statement (sparing the pool's
+        checkout and return); otherwise it goes back to the pool.
 
         An error of a lost connection is `StoreUnavailable`, and renews the pool (as
         SQLAlchemy does when it sees one), so that one failed attempt, not one per

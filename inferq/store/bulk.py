@@ -1,5 +1,5 @@
-"""Inserting many rows at once. On PostgreSQL: COPY (several times faster than INSERT for
-the thousands of job rows a batch file makes). Elsewhere (SQLite) a plain multi-row
+"""Inserting many rows at once. On PostgreSQL: COPY (faster than INSERT for the thousands
+of job rows a batch file makes). Elsewhere (SQLite) a plain multi-row
 statement."""
 
 from __future__ import annotations

@@ -59,12 +59,11 @@ def _claim(ids: ColumnElement[bool]) -> Update:
 
 
 # Built once: a claim is the worker's hottest statement (one a task), and compiling it
-# through an ORM session each time cost several times the round trip.
+# through an ORM session each time would cost more than the round trip.
 _CLAIM = _claim(JobRow.id.in_(bindparam("ids", expanding=True)))
 
-# On Postgres, compiled once to the text psycopg runs, with the ids as one array: run
-# as a statement, SQLAlchemy rendered the list of ids into it at every claim, and its
-# execution cost the feeder a third of its CPU (on top of the round trip).
+# On Postgres, compiled once to the text psycopg runs, with the ids as one array, so
+# that no claim renders its list of ids into the statement again.
 _CLAIM_ON_POSTGRES = DriverStatement(
     _claim(JobRow.id == any_(bindparam("ids", type_=ARRAY(String))))
 )

@@ -1,19 +1,13 @@
 """Storing any text the engine accepts, NUL included, and giving it back unchanged.
 
-PostgreSQL's `text` and `jsonb` cannot hold U+0000, which prompts of random tokens (a
-common benchmark workload) and model outputs both contain. Every user string is stored
-with two characters escaped: `ESCAPE` becomes `ESCAPE + "1"` and NUL becomes `ESCAPE +
-"0"`. `ESCAPE` is a private-use code point, so almost no text pays more than one scan to
-find it absent; a text that does contain it round-trips like any other.
-
-The escape is applied where values cross into the database: `StoredText` for text
-columns, `dumps`/`loads` as the engine's JSON serializer (every JSON column, and the bulk
-COPY path in `inferq.store.bulk`). Nothing above the store ever sees an escaped string.
-
-JSON is read and written by pydantic-core, which is four times quicker than the standard
-library here (every job read parses four JSON columns) and, unlike orjson, keeps integers
-past 64 bits exact (a JSON schema may hold one).
-"""
+PostgreSQL's `text` and `jsonb` cannot hold U+0000, which prompts and model outputs may
+contain. Every user string is stored with two characters escaped: `ESCAPE` becomes
+`ESCAPE + "1"` and NUL becomes `ESCAPE + "0"` (`ESCAPE` is a private-use code point, so
+almost no text holds it). The escape is applied where values cross into the database:
+`StoredText` for text columns, `dumps`/`loads` as the engine's JSON serializer (every
+JSON column, and the bulk COPY path in `inferq.store.bulk`); nothing above the store sees
+an escaped string. JSON goes through pydantic-core, which keeps integers past 64 bits
+exact."""
 
 from __future__ import annotations
 

@@ -81,7 +81,7 @@ def error_line(row: ResultRow) -> dict[str, Any]:
 
 def render(rows: Iterable[ResultRow], *, errors: bool, endpoint: str) -> Iterator[bytes]:
     """JSON lines, one per row, ready to stream (compact, UTF-8; pydantic-core writes
-    them five times as fast as the standard library, infinite logprobs alike)."""
+    them faster than the standard library, infinite logprobs alike)."""
     for row in rows:
         line = error_line(row) if errors else output_line(row, endpoint=endpoint)
         yield _one_line(pydantic_core.to_json(line)) + b"\n"

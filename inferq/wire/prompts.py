@@ -33,11 +33,9 @@ def _transformers() -> Any:
 
 
 def preload() -> None:
-    """Import what loading a tokenizer needs: transformers, seconds on a small host (the
-    bench model's tokenizer then loads in 0.03 s). The API calls it in the background as
-    it starts. On a fresh deployment the API starts before any worker registers its model,
-    and the first request, which loads that model's tokenizer, waited for this import
-    (3.6 s of a first batch file's creation, bench/RESULTS.md)."""
+    """Import what loading a tokenizer needs (transformers, slow to import), so that the
+    first request to load a model's tokenizer does not wait for it. The API calls it in the
+    background as it starts, before any worker registers its model."""
     _transformers()
 
 

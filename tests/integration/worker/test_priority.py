@@ -1,9 +1,10 @@
-"""Priorities: single jobs first inside the engine, and the `priority` field on jobs and
-batches. Real API, worker and vLLM on the CPU."""
+"""Priorities: a single job overtakes the batch lines that fill a worker, and the `priority`
+field on jobs and batches. Real API, worker and vLLM on the CPU."""
 
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -25,14 +26,13 @@ MESSAGE_SLOTS = 26
 CHUNK_LINES = 8
 
 
-def test_a_single_job_gets_through_while_a_batch_fills_the_worker(
+def test_a_single_job_overtakes_the_batch_lines_that_fill_the_worker(
     stack: Stack,
 ) -> None:
-    # More long lines than the worker has message slots, and room at the door: batch lines
-    # hold no message slot, so the job's message is taken at once, and it gets into an
-    # engine slot kept for single jobs. (That it overtakes the lines in the engine is the
-    # admission queue's unit tests and the bench's priority step: a timing check here
-    # proved unreliable on two cores.)
+    # More long lines than the worker has message slots: batch lines hold no message slot,
+    # so the job's message is taken at once; single jobs go first in the admission queue and
+    # have engine slots kept for them, so the job ends before any line the worker claimed
+    # ahead of it. Without that it would wait for a line to end, hundreds of steps later.
     with client_for(stack) as openai:
         _fill_and_submit(stack, openai)
 
@@ -51,12 +51,13 @@ def _fill_and_submit(stack: Stack, openai: OpenAI) -> None:
     with stack.client() as client:
         try:
             deadline = time.monotonic() + 120
-            while len(_lines(client, batch.id, "running")) < BATCH_SLOTS:
+            while len(ahead := _lines(client, batch.id, "running")) < BATCH_SLOTS:
                 assert time.monotonic() < deadline, "the batch never filled the engine"
                 time.sleep(0.1)
             job = run(client, prompt="urgent", max_tokens=4)
             progress = openai.batches.retrieve(batch.id).request_counts
             running = _lines(client, batch.id, "running")
+            ahead_now = [client.get(f"/v1/jobs/{line['id']}").json() for line in ahead]
         finally:
             openai.batches.cancel(batch.id)
     assert job["status"] == "succeeded"
@@ -65,6 +66,14 @@ def _fill_and_submit(stack: Stack, openai: OpenAI) -> None:
     assert progress.completed < count  # the batch was still going
     assert running
     assert {line["priority"] for line in running} == {3}
+    # Every line claimed before the job was submitted is still running, or ended after it.
+    job_ended = datetime.fromisoformat(job["finished_at"])
+    assert [
+        line["id"]
+        for line in ahead_now
+        if line["finished_at"] is not None
+        and datetime.fromisoformat(line["finished_at"]) <= job_ended
+    ] == []
 
 
 def _lines(client: httpx.Client, batch_id: str, status: str) -> list[dict[str, Any]]:

@@ -5,8 +5,8 @@ and `SteppedVllm`, the engine inside vLLM's offline `LLM` driven one step at a t
 finishes.
 
 vLLM's synchronous client notices a dead engine core but leaves a pending `step()`
-waiting forever (its output thread shuts down without waking the reader; seen with
-vllm 0.32), and nothing notices a core that hangs. A watchdog thread covers both: it
+waiting forever (its output thread shuts down without waking the reader), and nothing
+notices a core that hangs. A watchdog thread covers both: it
 wakes the reader with `EngineDeadError`, killing the core first if a step overran.
 """
 
@@ -137,14 +137,10 @@ def lower_priority(cores: Sequence[int], *, nice: int, core_nice: int) -> None:
     the cores' own threads to `core_nice` if that is higher (threads started later inherit
     it); the worker's own process keeps its priority.
 
-    On a CPU, vLLM runs the model in a process of its own beside the engine core, and each
-    waits for the other by spinning (`sched_yield` for up to a second after its last
-    message, OpenMP threads between kernels): the two keep every core busy, and the API,
-    the worker's own threads, Redis and Postgres waited for one for up to seconds at a
-    time (27-43 stalls of 0.2-2.5 s in the API process in 25 s of streamed chats at 16 in
-    flight). At a higher nice their short work goes first. The core only schedules there,
-    so lowering it alone costs the engine little; lowering the model's process too costs
-    its throughput where the pipeline is busy (bench/RESULTS.md)."""
+    On a CPU, vLLM's engine core and model process wait for each other by spinning, keeping
+    every core busy; at a higher nice the short work of the API, the worker's own threads,
+    Redis and Postgres goes first. The core only schedules, so lowering it alone costs the
+    engine little; lowering the model's process too costs throughput where it is busy."""
     lowered = {pid: nice for pid in descendants(*cores)} if nice > 0 else {}
     if core_nice > nice:
         lowered.update(dict.fromkeys(cores, core_nice))

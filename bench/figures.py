@@ -15,6 +15,7 @@ from typing import Any
 
 Values = tuple[float, ...]
 TIMES = "\u00d7"  # the sign after a ratio
+AT_PACE = "at an H100's pace (a paced engine, no GPU)"
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,34 @@ def _soak(data: dict[str, Any]) -> Values | None:
     if not samples:
         return None
     return (data["jobs"], samples[-1]["db_mb"], data["retention"]["longest_statement_ms"])
+
+
+def _paced(setting: str, *workloads: str) -> Callable[[dict[str, Any]], Values | None]:
+    """bench.at_gpu_pace: each workload's time over its ideal's (the same paced engine with
+    every line in it at once, or kept at 256 in flight), in `setting` (as `1w@table`)."""
+
+    def read(data: dict[str, Any]) -> Values | None:
+        ran = data.get("settings", {}).get(setting, {}).get("workloads", {})
+        found = [ran[w]["x_ideal"] for w in workloads if w in ran]
+        return tuple(found) if len(found) == len(workloads) else None
+
+    return read
+
+
+def _paced_run(data: dict[str, Any]) -> Values | None:
+    """`inferq run` (bench.paced, or bench.at_gpu_pace --targets) at 25 and 10 ms a step."""
+    runs = data.get("inferq_run", {})
+    found = [runs[pace]["x_ideal"] for pace in ("25ms", "10ms") if pace in runs]
+    return tuple(found) if len(found) == 2 else None
+
+
+def _paced_cpu(data: dict[str, Any]) -> Values | None:
+    """CPU ms a batch line (the bench file) and a single job cost every process but the
+    client, at the table's pace with one worker."""
+    ran = data.get("settings", {}).get("1w@table", {}).get("workloads", {})
+    if "bench" not in ran or "jobs" not in ran:
+        return None
+    return tuple(sum(ran[w]["cpu_ms_per_line"].values()) for w in ("bench", "jobs"))
 
 
 def _given_only(data: dict[str, Any]) -> Values | None:
@@ -370,5 +399,69 @@ FIGURES: Sequence[Figure] = (
         "",
         _chaos,
         lambda v: f"{v[0]:.0f} of {v[1]:,.0f} jobs in {v[2]:.0f} minutes",
+    ),
+    Figure(
+        "pace-bench",
+        "at_gpu_pace",
+        f"the bench workload's 3,000 lines as a batch file, {AT_PACE}",
+        "the same engine with every line in it at once",
+        _paced("1w@table", "bench"),
+        _x,
+        column="bench file",
+    ),
+    Figure(
+        "pace-short",
+        "at_gpu_pace",
+        f"20,000 lines of 4 output tokens as a batch file, {AT_PACE}",
+        "the same engine with every line in it at once",
+        _paced("1w@table", "short"),
+        _x,
+        column="short lines",
+    ),
+    Figure(
+        "pace-long",
+        "at_gpu_pace",
+        f"500 lines of 1,024 output tokens as a batch file, {AT_PACE}",
+        "the same engine with every line in it at once",
+        _paced("1w@table", "long"),
+        _x,
+        column="long lines",
+    ),
+    Figure(
+        "pace-online",
+        "at_gpu_pace",
+        f"single jobs / chat completions at 256 in flight, {AT_PACE}",
+        "the same engine kept at 256 in flight",
+        _paced("1w@table", "jobs", "chats"),
+        _x,
+        column="jobs / chats",
+    ),
+    Figure(
+        "pace-fleet",
+        "at_gpu_pace",
+        "four GPU workers on one Postgres and Redis at 10 ms a step: the bench file / long lines",
+        "four engines with every line shared out at once",
+        _paced("4w@10ms", "bench", "long"),
+        _x,
+        column="4 workers @10 ms",
+    ),
+    Figure(
+        "pace-run",
+        "at_gpu_pace",
+        "`inferq run` on the bench file at 25 / 10 ms a step (a paced engine, no GPU)",
+        "the same engine with every line in it at once",
+        _paced_run,
+        _x,
+        also=("paced",),
+        column="`inferq run` @25 / @10 ms",
+    ),
+    Figure(
+        "pace-cpu",
+        "at_gpu_pace",
+        f"CPU a batch line / a single job costs every process, {AT_PACE}",
+        "",
+        _paced_cpu,
+        lambda v: f"{v[0]:.2f} ms / {v[1]:.2f} ms",
+        column="CPU a line / a job",
     ),
 )

@@ -5,6 +5,7 @@ line queued in it from the start (one `LLM.generate` call).
 
     python -m bench.paced                          # the bench workload, 3,000 lines
     python -m bench.paced --mean-step-ms 10        # a card 2.5x as fast, say
+    python -m bench.paced --mean-step-ms 25,10 --out bench/results/paced-COMMIT.json
 
 `--mean-step-ms` scales the table so that the ideal's steps average that long (the H100
 table's average 20 ms on the measured run's lines).
@@ -13,6 +14,7 @@ table's average 20 ms on the measured run's lines).
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import threading
 import time
@@ -74,21 +76,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--table", type=Path, default=H100)
-    parser.add_argument("--mean-step-ms", type=float)
+    parser.add_argument(
+        "--mean-step-ms",
+        default="",
+        help="comma-separated paces to run at, e.g. 25,10 (default: the table's own)",
+    )
     parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--out", type=Path, help="also write the results here as JSON")
     args = parser.parse_args()
-    result = run(
-        args.requests,
-        table=args.table,
-        mean_step_ms=args.mean_step_ms,
-        max_num_seqs=args.max_num_seqs,
-    )
-    print(
-        f"{result['requests']} lines in {result['seconds']:.2f} s ({result['steps']} engine "
-        f"steps, busy {result['busy_seconds']:.2f} s); with every line queued in the engine "
-        f"{result['ideal_seconds']:.2f} s ({result['ideal_steps']} steps of "
-        f"{result['mean_step_ms']:.1f} ms on average): {result['x_ideal']:.3f}x the ideal"
-    )
+    paces = [float(ms) for ms in args.mean_step_ms.split(",") if ms] or [None]
+    results = {}
+    for pace in paces:
+        result = run(
+            args.requests, table=args.table, mean_step_ms=pace, max_num_seqs=args.max_num_seqs
+        )
+        results[f"{pace:g}ms" if pace else "table"] = result
+        print(
+            f"{result['requests']} lines in {result['seconds']:.2f} s ({result['steps']} engine "
+            f"steps, busy {result['busy_seconds']:.2f} s); with every line queued in the engine "
+            f"{result['ideal_seconds']:.2f} s ({result['ideal_steps']} steps of "
+            f"{result['mean_step_ms']:.1f} ms on average): {result['x_ideal']:.3f}x the ideal"
+        )
+    if args.out:
+        args.out.write_text(json.dumps({"inferq_run": results}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

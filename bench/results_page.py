@@ -28,6 +28,13 @@ README_CPU = (
     "cpu-x-serve",
     "estimate-error",
     "fairness",
+    # The whole stack at a GPU's pace, on a CPU host (bench.at_gpu_pace).
+    "pace-bench",
+    "pace-short",
+    "pace-long",
+    "pace-online",
+    "pace-fleet",
+    "pace-run",
 )
 README_GPU = ("run-x-engine", "batch-x-engine", "jobs-x-serve", "run-batch-x-engine")
 _BLOCK = re.compile(

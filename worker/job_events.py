@@ -15,6 +15,11 @@ from worker.runtime import EngineRuntime
 
 log = logging.getLogger(__name__)
 
+# How long one read waits for a message, which bounds how long `stop` takes.
+READ_S = 1.0
+# How long to wait before subscribing again after Redis was lost.
+RECONNECT_S = 1.0
+
 
 class JobEventListener:
     """A thread subscribed to the cancel channel, and to `batch_queue`'s lines. A missed
@@ -49,14 +54,14 @@ class JobEventListener:
                 self._listen()
             except RedisError as exc:
                 log.warning("job event listener lost Redis (%s); reconnecting", exc)
-                self._stopping.wait(1)
+                self._stopping.wait(RECONNECT_S)
 
     def _listen(self) -> None:
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
         try:
             pubsub.subscribe(*filter(None, (self._cancel, self._lines)))
             while not self._stopping.is_set():
-                message = pubsub.get_message(timeout=1.0)
+                message = pubsub.get_message(timeout=READ_S)
                 if message is None:
                     continue
                 channel = message["channel"]

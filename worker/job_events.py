@@ -4,7 +4,6 @@ and for batch lines queued on this worker's queue, so that its feeder looks at o
 from __future__ import annotations
 
 import logging
-import threading
 
 from redis import Redis
 from redis.exceptions import RedisError
@@ -21,10 +20,13 @@ READ_S = 1.0
 RECONNECT_S = 1.0
 
 
-class JobEventListener:
+class JobEventListener(supervision.SupervisedThread):
     """A thread subscribed to the cancel channel, and to `batch_queue`'s lines. A missed
     cancellation is caught later by lease renewal, which drops jobs this worker no longer
     holds; missed lines, by the feeder's next look."""
+
+    thread_name = "job-events"
+    stop_timeout_s = 2
 
     def __init__(
         self,
@@ -38,15 +40,7 @@ class JobEventListener:
         self._cancel = cancel_channel(key_prefix)
         self._lines = None if batch_queue is None else lines_channel(key_prefix, batch_queue)
         self._runtime = runtime
-        self._stopping = threading.Event()
-        self._thread = supervision.thread(self._run, name="job-events")
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self._thread.join(2)
+        super().__init__()
 
     def _run(self) -> None:
         while not self._stopping.is_set():

@@ -11,7 +11,6 @@ looks again every `poll_s` regardless."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -37,8 +36,11 @@ ALL_THE_ROOM = 1 << 30
 MAX_FAILED_CLAIMS = 5
 
 
-class Feeder:
+class Feeder(supervision.SupervisedThread):
     """A thread that claims single jobs asked for, then batch lines, while there is room."""
+
+    thread_name = "feeder"
+    stop_timeout_s = 10
 
     def __init__(
         self,
@@ -68,18 +70,12 @@ class Feeder:
         self._on_claimed = on_claimed
         self._peers = peers
         self._poll_s = poll_s
-        self._stopping = threading.Event()
         self._backoff = 0.1
         self._failed = 0
-        self._thread = supervision.thread(self._run, name="feeder")
+        super().__init__()
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopping.set()
+    def _wake(self) -> None:
         self._door.wake()
-        self._thread.join(10)
 
     def _run(self) -> None:
         # Whether batch lines may be waiting: at start, after a wake-up, every `poll_s`,

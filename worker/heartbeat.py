@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from datetime import UTC, datetime
 
@@ -29,7 +28,12 @@ log = logging.getLogger(__name__)
 FIRST_RATE_EVERY_S = 1.0
 
 
-class Heartbeat:
+class Heartbeat(supervision.SupervisedThread):
+    """Beats for this worker, and reports its engine's speed, in its own thread."""
+
+    thread_name = "heartbeat"
+    stop_timeout_s = 2
+
     def __init__(
         self,
         registry: WorkerRegistry,
@@ -55,16 +59,16 @@ class Heartbeat:
         self._gpus = gpus
         self._started_at = datetime.now(UTC).isoformat()
         self._rate_reported = False
-        self._stopping = threading.Event()
-        self._thread = supervision.thread(self._run, name="heartbeat")
+        super().__init__()
 
     def start(self) -> None:
+        """Beat once, then every `HEARTBEAT_EVERY_S` in the thread."""
         self._beat()
-        self._thread.start()
+        super().start()
 
-    def stop(self) -> None:
-        self._stopping.set()
-        self._thread.join(2)
+    def stop(self, timeout_s: float | None = None) -> None:
+        """End the thread, then take this worker off the registry."""
+        super().stop(timeout_s)
         with contextlib.suppress(RedisError):
             self._registry.leave(self._runtime.worker_name)
 

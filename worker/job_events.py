@@ -4,7 +4,6 @@ and for batch lines queued on this worker's queue, so that its feeder looks at o
 from __future__ import annotations
 
 import logging
-import threading
 
 from redis import Redis
 from redis.exceptions import RedisError
@@ -15,11 +14,19 @@ from worker.runtime import EngineRuntime
 
 log = logging.getLogger(__name__)
 
+# How long one read waits for a message, which bounds how long `stop` takes.
+READ_S = 1.0
+# How long to wait before subscribing again after Redis was lost.
+RECONNECT_S = 1.0
 
-class JobEventListener:
+
+class JobEventListener(supervision.SupervisedThread):
     """A thread subscribed to the cancel channel, and to `batch_queue`'s lines. A missed
     cancellation is caught later by lease renewal, which drops jobs this worker no longer
     holds; missed lines, by the feeder's next look."""
+
+    thread_name = "job-events"
+    stop_timeout_s = 2
 
     def __init__(
         self,
@@ -33,15 +40,7 @@ class JobEventListener:
         self._cancel = cancel_channel(key_prefix)
         self._lines = None if batch_queue is None else lines_channel(key_prefix, batch_queue)
         self._runtime = runtime
-        self._stopping = threading.Event()
-        self._thread = supervision.thread(self._run, name="job-events")
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self._thread.join(2)
+        super().__init__()
 
     def _run(self) -> None:
         while not self._stopping.is_set():
@@ -49,14 +48,14 @@ class JobEventListener:
                 self._listen()
             except RedisError as exc:
                 log.warning("job event listener lost Redis (%s); reconnecting", exc)
-                self._stopping.wait(1)
+                self._stopping.wait(RECONNECT_S)
 
     def _listen(self) -> None:
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
         try:
             pubsub.subscribe(*filter(None, (self._cancel, self._lines)))
             while not self._stopping.is_set():
-                message = pubsub.get_message(timeout=1.0)
+                message = pubsub.get_message(timeout=READ_S)
                 if message is None:
                     continue
                 channel = message["channel"]

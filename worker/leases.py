@@ -12,7 +12,6 @@ cancellation whose pub/sub message went missing).
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Sequence
 
 from inferq.exceptions import StoreUnavailable
@@ -22,8 +21,10 @@ from worker.store import WorkerStore
 log = logging.getLogger(__name__)
 
 
-class LeaseKeeper:
+class LeaseKeeper(supervision.SupervisedThread):
     """Renews this worker's leases in its own thread."""
+
+    thread_name = "leases"
 
     def __init__(
         self,
@@ -43,15 +44,7 @@ class LeaseKeeper:
         self._held = held
         self._waiting = waiting
         self._on_lost = on_lost
-        self._stopping = threading.Event()
-        self._thread = supervision.thread(self._run, name="leases")
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout_s: float = 5) -> None:
-        self._stopping.set()
-        self._thread.join(timeout_s)
+        super().__init__()
 
     def _run(self) -> None:
         interval = self._lease_s / 3

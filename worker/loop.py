@@ -38,8 +38,13 @@ class _InFlight:
     admitted_at: datetime
 
 
-class EngineLoop:
-    """Runs the engine in its own thread; every engine call happens there."""
+class EngineLoop(supervision.SupervisedThread):
+    """Runs the engine in its own thread; every engine call happens there. `stop` ends
+    the stepping and closes the engine: the one the loop holds then, which after a crash
+    is not the one it was given."""
+
+    thread_name = "engine-loop"
+    stop_timeout_s = 30
 
     def __init__(
         self,
@@ -82,9 +87,8 @@ class EngineLoop:
         self._admitting = threading.Event()
         self._admitting.set()
         self._taking = False  # requests are between the admission queue and `_in_flight`
-        self._stopping = threading.Event()
-        self._thread = supervision.thread(self._run, name="engine-loop")
         self.engine_restarts = 0
+        super().__init__()
 
     @property
     def in_flight(self) -> int:
@@ -100,9 +104,6 @@ class EngineLoop:
         """Sequences in the engine: a request with `n` completions counts `n`."""
         return self._sequences
 
-    def start(self) -> None:
-        self._thread.start()
-
     def abort(self, job_ids: Collection[str]) -> None:
         """Drop these jobs, pending or running (from any thread)."""
         with self._aborts_lock:
@@ -114,12 +115,8 @@ class EngineLoop:
         self._admitting.clear()
         self._admission.wake()
 
-    def stop(self, timeout_s: float = 30) -> None:
-        """Stop stepping and close the engine: the one the loop holds now, which after a
-        crash is not the one it was given."""
-        self._stopping.set()
+    def _wake(self) -> None:
         self._admission.wake()
-        self._thread.join(timeout_s)
 
     def _run(self) -> None:
         try:

@@ -178,9 +178,6 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
         supervision.thread(runtime.drain, args=(settings.drain_timeout_s,), name="drain").start()
 
     worker_shutting_down.connect(drain_on_shutdown, weak=False)
-    tokens.start()
-    runtime.start()
-    cancels.start()
     heartbeat = Heartbeat(
         app.workers,
         runtime=runtime,
@@ -192,12 +189,7 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
         state=state,
         slots=settings.effective_worker_concurrency,
     )
-    heartbeat.start()
-    # The API accepts these names from now on; their jobs wait in the queues until taken.
-    served = served_models(settings, engine)
-    app.served_models.register(served)
-    metrics.serving(served, worker=worker_name)
-    state.watch = _stall_watch(
+    watch = state.watch = _stall_watch(
         settings,
         runtime=runtime,
         consumer=consumer,
@@ -206,7 +198,14 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
         registry=app.workers,
         worker_name=worker_name,
     )
-    state.watch.start()
+    # The worker's side threads, started here and stopped in the reverse order (the
+    # runtime's own: worker/runtime.py).
+    threads = supervision.SideThreads(tokens, runtime, cancels, heartbeat, watch)
+    threads.start()
+    # The API accepts these names from now on; their jobs wait in the queues until taken.
+    served = served_models(settings, engine)
+    app.served_models.register(served)
+    metrics.serving(served, worker=worker_name)
     state.ready = True
     log.info(
         "GPU worker %s ready: serving %s, consuming %s",
@@ -229,8 +228,4 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
             ]
         )
     finally:
-        state.watch.stop()
-        heartbeat.stop()
-        cancels.stop()
-        runtime.stop()  # the engine loop closes its engine
-        tokens.stop()
+        threads.stop()  # the engine loop closes its engine

@@ -20,6 +20,7 @@ from inferq.broker.events import FinishedJobs, announced_result
 from inferq.broker.token_stream import TokenEvent
 from inferq.domain.jobs import ClaimedJob, JobOutcome, engine_priority
 from inferq.exceptions import JobsReturned, StoreUnavailable
+from inferq.host import supervision
 from inferq.settings import Settings
 from worker.admission import AdmissionQueue
 from worker.door import Door, Ticket
@@ -131,6 +132,7 @@ class EngineRuntime:
         self._counts = threading.Lock()
         self._draining = threading.Event()
         metrics.jobs_held.set_function(lambda: len(self._door))
+        self._threads = supervision.SideThreads(self._writer, self.loop, self._leases, self._feeder)
 
     @classmethod
     def from_settings(
@@ -173,16 +175,12 @@ class EngineRuntime:
         )
 
     def start(self) -> None:
-        self._writer.start()
-        self.loop.start()
-        self._leases.start()
-        self._feeder.start()
+        """Start its threads: each after the ones it hands work to."""
+        self._threads.start()
 
     def stop(self) -> None:
-        self._feeder.stop()
-        self._leases.stop()
-        self.loop.stop()
-        self._writer.stop()
+        """Stop its threads, in the reverse order: claims stop first, writes last."""
+        self._threads.stop()
 
     @property
     def held(self) -> int:

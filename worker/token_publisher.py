@@ -22,25 +22,23 @@ log = logging.getLogger(__name__)
 MAX_EVENTS = 4096
 
 
-class TokenPublisher:
-    """A queue of token events and the thread that writes them."""
+class TokenPublisher(supervision.SupervisedThread):
+    """A queue of token events and the thread that writes them; `stop` writes what is
+    queued, then ends it."""
+
+    thread_name = "token-publisher"
 
     def __init__(self, writer: TokenStreamWriter) -> None:
         self._writer = writer
         self._queue: queue.SimpleQueue[Sequence[TokenEvent] | None] = queue.SimpleQueue()
-        self._thread = supervision.thread(self._run, name="token-publisher")
-
-    def start(self) -> None:
-        self._thread.start()
+        super().__init__()
 
     def put(self, events: Sequence[TokenEvent]) -> None:
         """Queue events for writing; never blocks."""
         self._queue.put(events)
 
-    def stop(self, timeout_s: float = 5) -> None:
-        """Write what is queued, then end."""
-        self._queue.put(None)
-        self._thread.join(timeout_s)
+    def _wake(self) -> None:
+        self._queue.put(None)  # after everything queued before it
 
     def _run(self) -> None:
         stopping = False

@@ -30,8 +30,12 @@ BULK_WAIT_S = 1.0
 BULK_GATHER = 32
 
 
-class ResultWriter:
-    """Collects outcomes from the engine loop and writes them in bulk, in its own thread."""
+class ResultWriter(supervision.SupervisedThread):
+    """Collects outcomes from the engine loop and writes them in bulk, in its own thread;
+    `stop` writes everything already put, then ends it."""
+
+    thread_name = "result-writer"
+    stop_timeout_s = 30
 
     def __init__(
         self,
@@ -52,10 +56,7 @@ class ResultWriter:
         self._queue: queue.SimpleQueue[JobOutcome | None] = queue.SimpleQueue()
         self._pending = 0  # put and not yet committed
         self._pending_lock = threading.Lock()
-        self._thread = supervision.thread(self._run, name="result-writer")
-
-    def start(self) -> None:
-        self._thread.start()
+        super().__init__()
 
     @property
     def pending(self) -> int:
@@ -67,10 +68,8 @@ class ResultWriter:
             self._pending += 1
         self._queue.put(outcome)
 
-    def stop(self, timeout_s: float = 30) -> None:
-        """Write everything already put, then end."""
-        self._queue.put(None)
-        self._thread.join(timeout_s)
+    def _wake(self) -> None:
+        self._queue.put(None)  # after everything put before it
 
     def _run(self) -> None:
         stopping = False

@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,58 @@ def thread(
     return threading.Thread(
         target=supervised(target, name=name), args=args, name=name, daemon=daemon
     )
+
+
+class SupervisedThread:
+    """A long-lived thread under the rule, whose start and stop are written once: `start`
+    runs `_run` in it; `stop` sets `_stopping`, calls `_wake` (for a thread that waits on
+    something else) and waits up to `stop_timeout_s` for the thread to end."""
+
+    thread_name: ClassVar[str]
+    stop_timeout_s: ClassVar[float] = 5.0
+
+    def __init__(self) -> None:
+        self._stopping = threading.Event()
+        self._thread = thread(self._run, name=self.thread_name)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        self._stopping.set()
+        self._wake()
+        self._thread.join(self.stop_timeout_s if timeout_s is None else timeout_s)
+
+    def _wake(self) -> None:
+        """Make `_run` see `_stopping` now (nothing to do if it waits on `_stopping`)."""
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class Startable(Protocol):
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class SideThreads:
+    """A process's long-lived threads, started in one place in the order given and stopped
+    in the reverse order, each stop returning before the next: what was started last
+    (which feeds what came before) stops first. Only those started are stopped."""
+
+    def __init__(self, *threads: Startable) -> None:
+        self._threads = threads
+        self._started: list[Startable] = []
+
+    def start(self) -> None:
+        for side in self._threads:
+            side.start()
+            self._started.append(side)
+
+    def stop(self) -> None:
+        while self._started:
+            self._started.pop().stop()
 
 
 def watch_task(task: asyncio.Task[Any]) -> asyncio.Task[Any]:

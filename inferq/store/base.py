@@ -19,6 +19,7 @@ from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 from sqlalchemy.pool import PoolProxiedConnection
 
 from inferq.exceptions import NotFound, StoreUnavailable
+from inferq.store.dialects import on_postgres
 
 T = TypeVar("T")
 RowT = TypeVar("RowT")
@@ -66,6 +67,8 @@ class Store:
         self._autocommit = self._engine.execution_options(isolation_level="AUTOCOMMIT")
         self._clock = clock
         self._held = _HeldConnections() if hold_connections else None
+        # Which database this is, asked once (else SQLite): inferq/store/dialects.py.
+        self._postgres = on_postgres(self._engine)
 
     @contextmanager
     def _transaction(self) -> Iterator[Session]:
@@ -138,7 +141,7 @@ class Store:
         fetches for as long as the client takes: Postgres does not end it as idle (see
         `inferq.store.engine`)."""
         with _translated(), self._sessions() as session:
-            if self._engine.dialect.name == "postgresql":
+            if self._postgres:
                 session.execute(text("SET LOCAL idle_in_transaction_session_timeout = 0"))
             yield session
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
@@ -19,13 +18,13 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 
 from inferq.domain.batches import BatchStatus
 from inferq.domain.fair_share import ALONE, FleetShare, Share, WaitingBatch, joined, split
 from inferq.domain.jobs import ClaimedJob, JobStatus
 from inferq.store.base import as_utc
 from inferq.store.batch_work import tenant_weight
+from inferq.store.dialects import conflict_insert, on_postgres
 from inferq.store.job_leases import JobLeases
 from inferq.store.models import BatchRow, JobRow, ShareClockRow, ShareRow
 
@@ -151,20 +150,20 @@ _SET_CLOCK = (
 
 
 @functools.cache
-def _clock_row(dialect_name: str) -> Insert:
+def _clock_row(postgres: bool) -> Insert:
     """A queue's clock row, made at 0 if it has none."""
-    dialect: Any = postgresql if dialect_name == "postgresql" else sqlite
     insert: Insert = (
-        dialect.insert(ShareClockRow).values(queue=bindparam("of_queue"), clock=0.0)
+        conflict_insert(ShareClockRow, postgres=postgres).values(
+            queue=bindparam("of_queue"), clock=0.0
+        )
     ).on_conflict_do_nothing()
     return insert
 
 
 @functools.cache
-def _set_finishes(dialect_name: str) -> Insert:
+def _set_finishes(postgres: bool) -> Insert:
     """Tenants' finishes, made or replaced (executed with a row of values each)."""
-    dialect: Any = postgresql if dialect_name == "postgresql" else sqlite
-    statement = dialect.insert(ShareRow)
+    statement = conflict_insert(ShareRow, postgres=postgres)
     upsert: Insert = statement.on_conflict_do_update(
         index_elements=["queue", "tenant"], set_={"finish": statement.excluded.finish}
     )
@@ -172,7 +171,7 @@ def _set_finishes(dialect_name: str) -> Insert:
 
 
 def _locked_clock(connection: Connection, queue: str) -> float:
-    connection.execute(_clock_row(connection.dialect.name), {"of_queue": queue})
+    connection.execute(_clock_row(on_postgres(connection)), {"of_queue": queue})
     return float(connection.scalar(_CLOCK, {"queue": queue}) or 0.0)
 
 
@@ -226,7 +225,7 @@ def _save(connection: Connection, queue: str, *, clock: float, finishes: dict[st
     connection.execute(_SET_CLOCK, {"of_queue": queue, "new_clock": clock})
     rows = [{"queue": queue, "tenant": t, "finish": f} for t, f in sorted(finishes.items())]
     if rows:
-        connection.execute(_set_finishes(connection.dialect.name), rows)
+        connection.execute(_set_finishes(on_postgres(connection)), rows)
 
 
 def _utc(value: datetime) -> datetime:

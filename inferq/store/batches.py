@@ -124,7 +124,7 @@ class BatchStore(BatchEndings):
         have Postgres read its statistics again now, not at autovacuum's next look (up to
         a minute): planned on the old ones (few queued jobs), a claim or a flush reads
         every queued job of the queue through a partial index instead of its own rows."""
-        if written < ANALYZE_AFTER_LINES or self._engine.dialect.name != "postgresql":
+        if written < ANALYZE_AFTER_LINES or not self._postgres:
             return
         with self._statement() as connection:
             connection.exec_driver_sql(f"ANALYZE jobs ({', '.join(PLANNED_COLUMNS)})")

@@ -11,6 +11,7 @@ from sqlalchemy import JSON, Column, Table, insert
 from sqlalchemy.orm import DeclarativeBase, Session
 
 from inferq.store import text_codec
+from inferq.store.dialects import on_postgres
 
 
 def insert_rows(
@@ -20,7 +21,7 @@ def insert_rows(
     in the session's transaction."""
     if not rows:
         return
-    if session.get_bind().dialect.name != "postgresql":
+    if not on_postgres(session):
         session.execute(insert(model), list(rows))
         return
     attributes = list(rows[0])

@@ -12,11 +12,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from inferq.exceptions import InvalidRequest, InvalidState
 from inferq.store.base import Store, as_utc
+from inferq.store.dialects import conflict_insert, on_postgres
 from inferq.store.models import IdempotencyKeyRow
 
 # A claim older than this whose response never came belonged to a request that died.
@@ -111,9 +111,8 @@ class IdempotencyStore(Store):
         now: datetime,
         ttl_s: int,
     ) -> bool:
-        dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
         statement = (
-            dialect.insert(IdempotencyKeyRow)
+            conflict_insert(IdempotencyKeyRow, postgres=on_postgres(session))
             .values(
                 key_id=request.key_id,
                 key=request.key,

@@ -11,12 +11,12 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import insert, select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
 from inferq.domain.webhooks import DeliveryState, new_secret, wants
 from inferq.ids import new_id
 from inferq.store.base import Store, utcnow
+from inferq.store.dialects import conflict_insert, on_postgres
 from inferq.store.models import JobRow, WebhookDeliveryRow, WebhookEndpointRow
 
 log = logging.getLogger(__name__)
@@ -55,9 +55,8 @@ DELIVERY_ID_PREFIX = "msg_"
 
 def ensure_endpoint(session: Session, *, tenant: str, url: str, now: datetime) -> str:
     """The id of `tenant`'s endpoint for `url`, made (with a new secret) if need be."""
-    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
     session.execute(
-        dialect.insert(WebhookEndpointRow)
+        conflict_insert(WebhookEndpointRow, postgres=on_postgres(session))
         .values(
             id=new_id(ENDPOINT_ID_PREFIX),
             tenant=tenant,

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 from sqlalchemy import delete, select
-from sqlalchemy.dialects import postgresql, sqlite
 
 from inferq.domain.served_models import ServedModel
 from inferq.store.base import Store, utcnow
+from inferq.store.dialects import conflict_insert
 from inferq.store.models import ServedModelRow
 
 
@@ -40,9 +40,8 @@ class ModelStore(Store):
             return []
         now = utcnow()
         with self._transaction() as session:
-            dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
             statement = (
-                dialect.insert(ServedModelRow)
+                conflict_insert(ServedModelRow, postgres=self._postgres)
                 .values([{**asdict(model), "registered_at": now} for model in models])
                 .on_conflict_do_nothing()
                 .returning(ServedModelRow.name)

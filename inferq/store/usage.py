@@ -17,7 +17,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Insert, Table, func, select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from inferq.domain.batches import BatchStatus
@@ -26,6 +25,7 @@ from inferq.domain.jobs import JobStatus
 from inferq.domain.usage import Quota, QuotaState, Usage, UsageKey, day_of, hour_of
 from inferq.exceptions import InvalidRequest, NotFound, QuotaExceeded
 from inferq.store.base import Store, as_utc
+from inferq.store.dialects import conflict_insert, on_postgres
 from inferq.store.job_rows import ACTIVE
 from inferq.store.models import ApiKeyRow, BatchRow, JobRow, UsageRow
 
@@ -52,14 +52,13 @@ def add_usage(session: Session, added: Mapping[UsageKey, Usage]) -> None:
         return
     # Executed with its rows as parameters, the statement is compiled once a process, not
     # at every flush.
-    session.connection().execute(_upsert(session.get_bind().dialect.name), rows)
+    session.connection().execute(_upsert(on_postgres(session)), rows)
 
 
 @functools.cache
-def _upsert(dialect_name: str) -> Insert:
+def _upsert(postgres: bool) -> Insert:
     """Add a row's counts to the row of its tenant, key, model and hour, or create it."""
-    dialect: Any = postgresql if dialect_name == "postgresql" else sqlite
-    statement = dialect.insert(_TABLE)
+    statement = conflict_insert(_TABLE, postgres=postgres)
     upsert: Insert = statement.on_conflict_do_update(
         index_elements=["tenant", "key_id", "model", "hour"],
         set_={name: _TABLE.c[name] + statement.excluded[name] for name in _COUNTS},

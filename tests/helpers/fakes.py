@@ -1,16 +1,21 @@
-"""Fakes with the real interfaces, for unit tests: engines (`worker.engine.protocol.Engine`) and an
-in-memory job store (`worker.store.WorkerStore`)."""
+"""Fakes with the real interfaces, for unit tests: engines (`worker.engine.protocol.Engine`), an
+in-memory job store (`worker.store.WorkerStore`), Redis pub/sub (`MemoryPubSub`) and a token
+stream writer (`KeptTokens`)."""
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from inferq.broker.token_stream import ChoiceDelta, JobDelta
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from inferq.broker.token_stream import ChoiceDelta, JobDelta, TokenEvent
 from inferq.domain.fair_share import ALONE, FleetShare
 from inferq.domain.jobs import Choice, ClaimedJob, JobOutcome, JobResult, JobStatus, SamplingParams
 from inferq.exceptions import EngineError, RequestRejected, StoreUnavailable
@@ -140,16 +145,20 @@ class MemoryJobStore:
     results are written only to jobs still queued or running. Thread-safe; `changed` is
     notified after every call, so a test can wait for what it expects.
 
-    `fail(method, times)` makes the next `times` calls of a method raise `StoreUnavailable`.
+    `fail(method, times)` makes the next `times` calls of a method raise `StoreUnavailable`
+    (or `error`); `calls` counts every call by method, failed ones included, and `fleets`
+    records the `FleetShare` of every claim of batch lines that succeeded.
     """
 
     def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
         self.jobs: dict[str, StoredJob] = {}
         self.touched: list[str] = []
         self.renewed: list[str] = []
+        self.fleets: list[FleetShare] = []
+        self.calls: Counter[str] = Counter()
         self.changed = threading.Condition()
         self._clock = clock or time.monotonic
-        self._failures: dict[str, int] = {}
+        self._failures: dict[str, tuple[int, type[Exception]]] = {}
 
     def add(
         self,
@@ -173,9 +182,11 @@ class MemoryJobStore:
         with self.changed:
             self.jobs[job_id].status = JobStatus.CANCELLED
 
-    def fail(self, method: str, times: int = 1) -> None:
+    def fail(
+        self, method: str, times: int = 1, *, error: type[Exception] = StoreUnavailable
+    ) -> None:
         with self.changed:
-            self._failures[method] = times
+            self._failures[method] = (times, error)
 
     def wait_for(self, predicate: Callable[[], bool], timeout_s: float = 10) -> bool:
         with self.changed:
@@ -206,6 +217,7 @@ class MemoryJobStore:
         """Queued batch lines in the order they were added (the SQL store's order between
         tenants, and its shares between workers, are tested on Postgres)."""
         with self._call("claim_batch_lines"):
+            self.fleets.append(fleet)
             waiting = [
                 job.id
                 for job in self.jobs.values()
@@ -259,10 +271,12 @@ class MemoryJobStore:
     def _call(self, method: str) -> Iterator[None]:
         """One store call: under the store's lock, possibly failing, announced after."""
         with self.changed:
+            self.calls[method] += 1
             try:
-                if self._failures.get(method, 0):
-                    self._failures[method] -= 1
-                    raise StoreUnavailable(f"the fake store is down ({method})")
+                times, error = self._failures.get(method, (0, StoreUnavailable))
+                if times:
+                    self._failures[method] = (times - 1, error)
+                    raise error(f"the fake store is down ({method})")
                 yield
             finally:
                 self.changed.notify_all()
@@ -278,3 +292,103 @@ def _claimed(job: StoredJob) -> ClaimedJob:
         batch_id=job.batch_id,
         priority=job.priority,
     )
+
+
+class MemoryPubSub:
+    """Redis pub/sub in memory: `pubsub()` as `redis.Redis` has it (subscribe, get_message,
+    close), and `publish` delivering to every open subscription of the channel. `drop()`
+    makes each open subscription's next read raise the driver's `ConnectionError`."""
+
+    def __init__(self) -> None:
+        self.subscriptions: list[_Subscription] = []
+        self.changed = threading.Condition()
+
+    def pubsub(self, *, ignore_subscribe_messages: bool = False) -> _Subscription:
+        assert ignore_subscribe_messages, "subscribe confirmations are not faked"
+        with self.changed:
+            subscription = _Subscription(self)
+            self.subscriptions.append(subscription)
+            return subscription
+
+    def publish(self, channel: str, data: bytes) -> int:
+        with self.changed:
+            heard = [s for s in self.open() if channel in s.channels]
+        for subscription in heard:
+            message = {"type": "message", "channel": channel.encode(), "data": data}
+            subscription.messages.put(message)
+        return len(heard)
+
+    def drop(self) -> None:
+        for subscription in self.open():
+            subscription.messages.put(None)
+
+    def open(self) -> list[_Subscription]:
+        with self.changed:
+            return [s for s in self.subscriptions if not s.closed]
+
+    def wait_for(self, predicate: Callable[[], bool], timeout_s: float = 10) -> bool:
+        with self.changed:
+            return self.changed.wait_for(predicate, timeout_s)
+
+
+class _Subscription:
+    def __init__(self, server: MemoryPubSub) -> None:
+        self.channels: set[str] = set()
+        self.closed = False
+        self.messages: queue.SimpleQueue[dict[str, object] | None] = queue.SimpleQueue()
+        self._server = server
+
+    def subscribe(self, *channels: str) -> None:
+        with self._server.changed:
+            self.channels.update(channels)
+            self._server.changed.notify_all()
+
+    def get_message(self, timeout: float = 0.0) -> dict[str, object] | None:
+        try:
+            message = self.messages.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if message is None:
+            raise RedisConnectionError("the fake Redis dropped the connection")
+        return message
+
+    def close(self) -> None:
+        with self._server.changed:
+            self.closed = True
+            self._server.changed.notify_all()
+
+
+class KeptTokens:
+    """A `TokenStreamWriter` that keeps each write's events. `hold` makes writes wait until
+    `go` is set; `fail(times)` makes the next writes raise."""
+
+    def __init__(self) -> None:
+        self.writes: list[list[TokenEvent]] = []
+        self.writing = threading.Event()
+        self.go = threading.Event()
+        self.go.set()
+        self.changed = threading.Condition()
+        self._failures = 0
+
+    def hold(self) -> None:
+        self.go.clear()
+
+    def fail(self, times: int = 1) -> None:
+        with self.changed:
+            self._failures = times
+
+    def write(self, events: Sequence[TokenEvent]) -> None:
+        self.writing.set()
+        self.go.wait(10)
+        with self.changed:
+            try:
+                if self._failures:
+                    self._failures -= 1
+                    raise RedisConnectionError("the fake token stream is down")
+                self.writes.append(list(events))
+            finally:
+                self.changed.notify_all()
+
+    def wait_for(self, predicate: Callable[[], bool], timeout_s: float = 10) -> bool:
+        with self.changed:
+            return self.changed.wait_for(predicate, timeout_s)

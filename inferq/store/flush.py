@@ -1,12 +1,10 @@
-"""A flush of results on PostgreSQL: one statement that ends the jobs still queued or
-running, adds their usage, counts the batch lines among them on their batches, and queues
-the webhook deliveries they asked for, all or nothing.
-
-One round trip, no transaction around it (the statement commits on its own) and no
-SQLAlchemy in between: a flush of one result is the worker's costliest call per single
-job, and a session with four statements spent most of its CPU on the session and on the
-round trips (bench/RESULTS.md).
-SQLite (`inferq run`) takes the same steps one statement at a time (job_leases.py).
+"""The flush: results written, each only if its job is still queued or running, with the
+jobs' usage, their batches' counts and the webhook deliveries they asked for, all or
+nothing. One variant per dialect, side by side; the store picks one
+(`inferq/store/dialects.py`). On PostgreSQL one statement, in one round trip on psycopg's
+own connection, with no transaction around it (it commits on its own): a flush is the
+worker's costliest call per single job. On SQLite (`inferq run`: one writer at a time, so
+nothing to lock) the same steps, one statement at a time, in the caller's transaction.
 """
 
 from __future__ import annotations
@@ -20,31 +18,34 @@ from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import sql
+from sqlalchemy import bindparam, select, update
+from sqlalchemy.orm import Session
 
 from inferq.domain.jobs import JobOutcome, JobStatus
 from inferq.domain.usage import hour_of
 from inferq.domain.webhooks import DeliveryState
 from inferq.ids import new_id
 from inferq.store import text_codec
-from inferq.store.job_rows import ACTIVE
+from inferq.store.batch_counts import count_finished
+from inferq.store.job_rows import ACTIVE, outcome_values
 from inferq.store.models import BatchRow, JobRow, UsageRow, WebhookDeliveryRow
-from inferq.store.outbox import DELIVERY_ID_PREFIX
+from inferq.store.outbox import DELIVERY_ID_PREFIX, EndedJob, enqueue_job_events
+from inferq.store.usage import add_usage, ended_usage
 
 
-class Ended(NamedTuple):
-    """A job the flush ended: its batch (None for a single job), and whether a webhook
-    delivery was queued for it."""
+class Flushed(NamedTuple):
+    """What a flush wrote: the ids of the jobs it ended, and how many webhook deliveries
+    it queued."""
 
-    id: str
-    batch_id: str | None
-    queued: bool
+    written: set[str]
+    queued: int
 
 
-def end_jobs(
+def flush_on_postgres(
     driver: psycopg.Connection[Any], outcomes: Sequence[JobOutcome], now: datetime
-) -> list[Ended]:
+) -> Flushed:
     """End the jobs of `outcomes` that are still queued or running, in one statement on
-    psycopg's connection `driver` (which commits on its own); the jobs it ended."""
+    psycopg's connection `driver` (which commits on its own)."""
     values = []
     for outcome in outcomes:
         result, error = outcome.result, outcome.error
@@ -74,12 +75,49 @@ def end_jobs(
             "pending": DeliveryState.PENDING.value,
         },
     ).fetchall()
-    return [Ended(*row) for row in rows]
+    # Each row: a job ended, its batch, and whether a delivery was queued for it.
+    return Flushed({job_id for job_id, _, _ in rows}, sum(queued for _, _, queued in rows))
 
 
-# The values each outcome brings, and their types in Postgres (an embedding comes in
-# base64). A value an outcome leaves out (a failure has no choices, a result no error)
-# leaves the job's as it is.
+def flush_on_sqlite(session: Session, outcomes: Sequence[JobOutcome], now: datetime) -> Flushed:
+    """End the jobs of `outcomes` that are still queued or running, in `session`'s
+    transaction: their rows are read first, with what the other steps need of them."""
+    ended_values = {o.job_id: outcome_values(o, now) for o in outcomes}
+    rows = session.connection().execute(_FINISHING, {"ids": list(ended_values)}).all()
+    if rows:
+        session.execute(update(JobRow), [ended_values[row.id] for row in rows])
+    values = {row.id: ended_values[row.id] for row in rows}
+    count_finished(session, rows, values)
+    add_usage(session, ended_usage(rows, values, now))
+    queued = enqueue_job_events(
+        session,
+        [
+            EndedJob(row.id, row.tenant, values[row.id]["status"], *row[2:4])
+            for row in rows
+            if row.webhook_endpoint_id is not None
+        ],
+        now,
+    )
+    return Flushed(set(values), queued)
+
+
+# The rows a flush on SQLite ends, with what it needs of them (whose they are, their
+# webhooks, batches and prompt sizes).
+_FINISHING = select(
+    JobRow.id,
+    JobRow.tenant,
+    JobRow.webhook_endpoint_id,
+    JobRow.webhook_events,
+    JobRow.batch_id,
+    JobRow.prompt_tokens,
+    JobRow.key_id,
+    JobRow.model,
+).where(JobRow.id.in_(bindparam("ids", expanding=True)), JobRow.status.in_(ACTIVE))
+
+
+# The flush on PostgreSQL. The values each outcome brings, and their types in Postgres
+# (an embedding comes in base64). A value an outcome leaves out (a failure has no choices,
+# a result no error) leaves the job's as it is.
 _VALUES = {
     "id": "varchar",
     "status": "varchar",

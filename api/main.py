@@ -34,6 +34,8 @@ from api.routes import (
     files,
     health,
     jobs,
+    message_batches,
+    messages,
     models,
     responses,
     status,
@@ -157,6 +159,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(completions.router)
     app.include_router(responses.router)
+    app.include_router(messages.router)
+    app.include_router(message_batches.router)
     app.include_router(embeddings.router)
     app.include_router(files.router)
     app.include_router(batches.router)

@@ -1,0 +1,138 @@
+"""Anthropic's Messages API through the official `anthropic` client, unchanged but for its
+base URL: a chat job on the real stack (API, Redis, GPU worker with vLLM on CPU, Postgres),
+answered whole or streamed as Anthropic's events."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+from openai import OpenAI
+
+from tests.conftest import ADMIN_KEY, MODEL_NAME, Stack
+from tests.helpers.processes import log_contains
+from tests.helpers.waiting import wait_until
+
+pytestmark = pytest.mark.engine
+
+SYSTEM = "You answer briefly."
+QUESTION = "Tell me about the sea."
+
+
+def client_for(stack: Stack, key: str = ADMIN_KEY) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=stack.url, api_key=key, max_retries=0, timeout=120)
+
+
+def greedy(**extra: Any) -> dict[str, Any]:
+    """A request with greedy sampling (`temperature`, which this `anthropic` release no
+    longer names, goes as an extra field; older releases send it as a keyword)."""
+    return {
+        "model": MODEL_NAME,
+        "max_tokens": 12,
+        "system": SYSTEM,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": QUESTION}]}],
+        "extra_body": {"temperature": 0, "top_k": 5},
+        **extra,
+    }
+
+
+def test_a_message_is_the_chat_completion_of_the_same_turns(stack: Stack) -> None:
+    message = client_for(stack).messages.create(**greedy())
+    chat = OpenAI(base_url=stack.url + "/v1", api_key=ADMIN_KEY, max_retries=0).chat
+    completion = chat.completions.create(
+        model=MODEL_NAME,
+        messages=[
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": QUESTION},
+        ],
+        max_tokens=12,
+        temperature=0,
+    )
+    assert completion.usage is not None
+    assert message.type == "message"
+    assert message.role == "assistant"
+    assert message.model == MODEL_NAME
+    assert [block.type for block in message.content] == ["text"]
+    assert message.content[0].text == completion.choices[0].message.content  # type: ignore[union-attr]
+    assert message.usage.input_tokens == completion.usage.prompt_tokens
+    assert message.usage.output_tokens == completion.usage.completion_tokens
+    assert (
+        message.stop_reason
+        == {"length": "max_tokens", "stop": "end_turn"}[completion.choices[0].finish_reason]
+    )
+    # The job that answered it is listed with the caller's other jobs.
+    job_id = "job_" + message.id.removeprefix("msg_")
+    with stack.client() as http:
+        job = http.get(f"/v1/jobs/{job_id}").json()
+    assert job["status"] == "succeeded"
+    assert (job["params"]["temperature"], job["params"]["top_k"]) == (0, 5)
+
+
+def test_a_streamed_message_sends_anthropics_events_and_the_same_text(stack: Stack) -> None:
+    client = client_for(stack)
+    whole = client.messages.create(**greedy())
+    with client.messages.stream(**greedy()) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert kinds[:2] == ["message_start", "content_block_start"]
+    assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert "content_block_delta" in kinds
+    assert final.content[0].text == whole.content[0].text  # type: ignore[union-attr]
+    assert final.stop_reason == whole.stop_reason
+    assert final.usage.output_tokens == whole.usage.output_tokens
+    assert final.usage.input_tokens == whole.usage.input_tokens
+    # create(stream=True) gives the same events, raw (the text cut where it came).
+    events = list(client.messages.create(**greedy(), stream=True))
+    assert [e.type for e in events if e.type != "content_block_delta"] == [
+        k for k in kinds if k not in ("text", "content_block_delta")
+    ]
+    text = "".join(e.delta.text for e in events if e.type == "content_block_delta")  # type: ignore[union-attr]
+    assert text == whole.content[0].text  # type: ignore[union-attr]
+
+
+def test_the_key_may_come_in_x_api_key(stack: Stack) -> None:
+    key = stack.new_key()
+    body = greedy(max_tokens=2)
+    body.update(body.pop("extra_body"))
+    with httpx.Client(base_url=stack.url, timeout=120) as http:
+        answered = http.post("/v1/messages", json=body, headers={"x-api-key": key})
+        refused = http.post("/v1/messages", json=body, headers={"x-api-key": "iq_wrong"})
+        missing = http.post("/v1/messages", json=body)
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["usage"]["output_tokens"] == 2
+    assert refused.status_code == 401
+    assert "x-api-key" in missing.json()["error"]["message"]
+
+
+def test_what_cannot_be_honoured_is_refused_naming_it_and_the_rest_is_ignored(
+    stack: Stack,
+) -> None:
+    client = client_for(stack)
+    image = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
+    turn = {"role": "user", "content": [{"type": "text", "text": QUESTION}, image]}
+    with pytest.raises(anthropic.UnprocessableEntityError) as refused:
+        client.messages.create(**greedy(messages=[turn]))
+    assert refused.value.body["error"]["param"] == "messages.0.content.1"  # type: ignore[index]
+    tool = {"name": "f", "input_schema": {"type": "object"}}
+    with pytest.raises(anthropic.UnprocessableEntityError) as refused:
+        client.messages.create(**greedy(tools=[tool]))
+    assert refused.value.body["error"]["param"] == "tools"  # type: ignore[index]
+    message = client.messages.create(
+        **greedy(max_tokens=3, extra_body={"temperature": 0, "a_field_from_tomorrow": 1}),
+        metadata={"user_id": "u-1"},
+        thinking={"type": "disabled"},
+    )
+    assert message.usage.output_tokens == 3
+    shaped = client.messages.create(
+        **greedy(max_tokens=8),
+        output_config={"format": {"type": "json_schema", "schema": {"enum": ["yes", "no"]}}},
+    )
+    assert json.loads(shaped.content[0].text) in ("yes", "no")  # type: ignore[union-attr]
+    wait_until(
+        log_contains(stack.api, "ignored field 'a_field_from_tomorrow'"),
+        timeout_s=10,
+        what="the ignored field logged",
+    )

@@ -18,6 +18,12 @@ MAX_REQUESTS = 100_000
 CUSTOM_ID_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 
 
+class TokenCount(BaseModel):
+    """The input tokens a Messages request's prompt is."""
+
+    input_tokens: int
+
+
 class MessageBatchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

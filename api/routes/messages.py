@@ -10,18 +10,26 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from sse_starlette import ServerSentEvent
 
-from api.deps import FollowerDep, PrincipalDep, ReadDep, SubmissionDep
+from api.anthropic_schemas import TokenCount
+from api.deps import (
+    CatalogDep,
+    FollowerDep,
+    PrincipalDep,
+    ReadDep,
+    SubmissionDep,
+    current_principal,
+)
 from api.errors import ended_error, error_json, error_responses
 from api.streams import DONE, Followed, event_stream
 from api.token_follower import Ended, StreamBroken
 from inferq.constants import JOB_ID_HEADER
 from inferq.domain.jobs import Job, JobSpec
 from inferq.wire import anthropic_format as anthropic
-from inferq.wire.anthropic_bodies import MessagesBody, prepare_messages
+from inferq.wire.anthropic_bodies import CountTokensBody, MessagesBody, prepare_messages
 from inferq.wire.model_catalog import CatalogModel
 
 router = APIRouter(prefix="/v1", tags=["messages"], responses=error_responses(401, 429, 503))
@@ -59,6 +67,23 @@ async def create_message(
     events = _events(follower.follow(job, read=read_job), job=job)
     hangup = functools.partial(submission.cancel_abandoned, job.id, scope=scope)
     return event_stream(events, on_hangup=hangup, headers={JOB_ID_HEADER: job.id}, send_done=False)
+
+
+@router.post(
+    "/messages/count_tokens",
+    response_model=TokenCount,
+    dependencies=[Depends(current_principal)],
+    responses=error_responses(404, 413, 422),
+)
+def count_message_tokens(body: CountTokensBody, catalog: CatalogDep) -> TokenCount:
+    """How many input tokens a message request's prompt is (nothing is queued)."""
+    return _count(body, catalog.get(body.model))
+
+
+def _count(body: CountTokensBody, model: CatalogModel) -> TokenCount:
+    validator = model.validator
+    [token_ids] = validator.encode([prepare_messages(validator, body)])
+    return TokenCount(input_tokens=len(token_ids))
 
 
 def _spec(body: MessagesBody, model: CatalogModel) -> JobSpec:

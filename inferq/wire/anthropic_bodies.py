@@ -91,6 +91,12 @@ class MessagesBody(_Lenient):
     )
 
 
+class CountTokensBody(MessagesBody):
+    """A Messages request to count the prompt tokens of, as it would be sent."""
+
+    max_tokens: int = Field(1, ge=1, description="Not needed to count: accepted.")
+
+
 _IGNORED = frozenset({"metadata", "tool_choice", "thinking", "service_tier"})
 _IGNORED_OUTPUT = frozenset({"effort"})
 

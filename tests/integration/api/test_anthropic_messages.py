@@ -63,6 +63,10 @@ def test_a_message_is_the_chat_completion_of_the_same_turns(stack: Stack) -> Non
         message.stop_reason
         == {"length": "max_tokens", "stop": "end_turn"}[completion.choices[0].finish_reason]
     )
+    counted = client_for(stack).messages.count_tokens(
+        model=MODEL_NAME, system=SYSTEM, messages=greedy()["messages"]
+    )
+    assert counted.input_tokens == message.usage.input_tokens
     # The job that answered it is listed with the caller's other jobs.
     job_id = "job_" + message.id.removeprefix("msg_")
     with stack.client() as http:

@@ -104,3 +104,25 @@ def test_a_cancelled_batch_keeps_what_ended_and_cancels_the_rest(stack: Stack) -
     assert kinds.count("succeeded") == counts.succeeded
     with pytest.raises(anthropic.ConflictError):
         client.messages.batches.cancel(created.id)
+
+
+def test_a_keys_quota_holds_for_messages_and_message_batches(stack: Stack) -> None:
+    secret = stack.new_key()
+    key = stack.keys.find(secret)
+    assert key is not None
+    with stack.client() as http:
+        patched = http.patch(f"/v1/admin/keys/{key.id}", json={"max_queued_tokens": 100})
+    assert patched.status_code == 200, patched.text
+    client = client_for(stack, secret)
+    # More than the quota can ever hold: a request to change, not to retry.
+    with pytest.raises(anthropic.UnprocessableEntityError) as too_much:
+        client.messages.create(**params("Hi", max_tokens=200))
+    assert "max_queued_tokens" in too_much.value.message
+    requests = [{"custom_id": f"r{i}", "params": params("Hi", max_tokens=60)} for i in range(3)]
+    # Its requests fit one by one, not together: refused whole, as any batch is.
+    with pytest.raises(anthropic.APIStatusError) as refused:
+        client.messages.batches.create(requests=requests)  # type: ignore[arg-type]
+    assert refused.value.status_code in (422, 429)
+    assert "max_queued_tokens" in refused.value.message
+    assert client.messages.batches.list().data == []
+    assert client.messages.create(**params("Hi", max_tokens=4)).usage.output_tokens == 4

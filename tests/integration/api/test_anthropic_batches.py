@@ -11,7 +11,7 @@ from anthropic.types.messages import MessageBatch
 
 from tests.conftest import MODEL_NAME, Stack
 from tests.helpers.waiting import wait_until
-from tests.integration.api.test_anthropic_messages import client_for
+from tests.integration.api.conftest import AnthropicClients
 
 pytestmark = pytest.mark.engine
 
@@ -30,11 +30,15 @@ def ended(client: anthropic.Anthropic, batch_id: str) -> MessageBatch:
         batch = client.messages.batches.retrieve(batch_id)
         return batch if batch.processing_status == "ended" else None
 
-    return wait_until(check, timeout_s=120, what=f"message batch {batch_id} ended")
+    batch = wait_until(check, timeout_s=120, what=f"message batch {batch_id} ended")
+    assert batch is not None
+    return batch
 
 
-def test_a_message_batch_runs_to_its_results(stack: Stack) -> None:
-    client = client_for(stack, stack.new_key())
+def test_a_message_batch_runs_to_its_results(
+    stack: Stack, anthropic_clients: AnthropicClients
+) -> None:
+    client = anthropic_clients(stack.new_key())
     requests = [
         {"custom_id": "first", "params": params("Tell me about the sea.", system="Be brief.")},
         {"custom_id": "second", "params": params("And the sky?", stop_sequences=["\n\n"])},
@@ -66,8 +70,10 @@ def test_a_message_batch_runs_to_its_results(stack: Stack) -> None:
     assert listed.data[0].request_counts.succeeded == 3
 
 
-def test_a_refused_request_is_named_and_nothing_is_queued(stack: Stack) -> None:
-    client = client_for(stack, stack.new_key())
+def test_a_refused_request_is_named_and_nothing_is_queued(
+    stack: Stack, anthropic_clients: AnthropicClients
+) -> None:
+    client = anthropic_clients(stack.new_key())
     image = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
     good = {"custom_id": "good", "params": params("Hi")}
     bad = {
@@ -85,8 +91,10 @@ def test_a_refused_request_is_named_and_nothing_is_queued(stack: Stack) -> None:
     assert client.messages.batches.list().data == []
 
 
-def test_a_cancelled_batch_keeps_what_ended_and_cancels_the_rest(stack: Stack) -> None:
-    client = client_for(stack, stack.new_key())
+def test_a_cancelled_batch_keeps_what_ended_and_cancels_the_rest(
+    stack: Stack, anthropic_clients: AnthropicClients
+) -> None:
+    client = anthropic_clients(stack.new_key())
     long = params("Tell me about the sea.", max_tokens=900, ignore_eos=True)
     requests = [{"custom_id": f"r{i}", "params": long} for i in range(24)]
     created = client.messages.batches.create(requests=requests)  # type: ignore[arg-type]
@@ -106,14 +114,16 @@ def test_a_cancelled_batch_keeps_what_ended_and_cancels_the_rest(stack: Stack) -
         client.messages.batches.cancel(created.id)
 
 
-def test_a_keys_quota_holds_for_messages_and_message_batches(stack: Stack) -> None:
+def test_a_keys_quota_holds_for_messages_and_message_batches(
+    stack: Stack, anthropic_clients: AnthropicClients
+) -> None:
     secret = stack.new_key()
     key = stack.keys.find(secret)
     assert key is not None
     with stack.client() as http:
         patched = http.patch(f"/v1/admin/keys/{key.id}", json={"max_queued_tokens": 100})
     assert patched.status_code == 200, patched.text
-    client = client_for(stack, secret)
+    client = anthropic_clients(secret)
     # More than the quota can ever hold: a request to change, not to retry.
     with pytest.raises(anthropic.UnprocessableEntityError) as too_much:
         client.messages.create(**params("Hi", max_tokens=200))

@@ -15,15 +15,12 @@ from openai import OpenAI
 from tests.conftest import ADMIN_KEY, MODEL_NAME, Stack
 from tests.helpers.processes import log_contains
 from tests.helpers.waiting import wait_until
+from tests.integration.api.conftest import AnthropicClients
 
 pytestmark = pytest.mark.engine
 
 SYSTEM = "You answer briefly."
 QUESTION = "Tell me about the sea."
-
-
-def client_for(stack: Stack, key: str = ADMIN_KEY) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=stack.url, api_key=key, max_retries=0, timeout=120)
 
 
 def greedy(**extra: Any) -> dict[str, Any]:
@@ -39,31 +36,33 @@ def greedy(**extra: Any) -> dict[str, Any]:
     }
 
 
-def test_a_message_is_the_chat_completion_of_the_same_turns(stack: Stack) -> None:
-    message = client_for(stack).messages.create(**greedy())
-    chat = OpenAI(base_url=stack.url + "/v1", api_key=ADMIN_KEY, max_retries=0).chat
-    completion = chat.completions.create(
-        model=MODEL_NAME,
-        messages=[
-            {"role": "system", "content": SYSTEM},
-            {"role": "user", "content": QUESTION},
-        ],
-        max_tokens=12,
-        temperature=0,
-    )
+def test_a_message_is_the_chat_completion_of_the_same_turns(
+    stack: Stack, anthropic_clients: AnthropicClients
+) -> None:
+    message = anthropic_clients().messages.create(**greedy())
+    with OpenAI(base_url=stack.url + "/v1", api_key=ADMIN_KEY, max_retries=0) as openai:
+        completion = openai.chat.completions.create(
+            model=MODEL_NAME,
+            messages=[
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": QUESTION},
+            ],
+            max_tokens=12,
+            temperature=0,
+        )
     assert completion.usage is not None
     assert message.type == "message"
     assert message.role == "assistant"
     assert message.model == MODEL_NAME
     assert [block.type for block in message.content] == ["text"]
-    assert message.content[0].text == completion.choices[0].message.content  # type: ignore[union-attr]
+    assert message.content[0].text == completion.choices[0].message.content
     assert message.usage.input_tokens == completion.usage.prompt_tokens
     assert message.usage.output_tokens == completion.usage.completion_tokens
     assert (
         message.stop_reason
         == {"length": "max_tokens", "stop": "end_turn"}[completion.choices[0].finish_reason]
     )
-    counted = client_for(stack).messages.count_tokens(
+    counted = anthropic_clients().messages.count_tokens(
         model=MODEL_NAME, system=SYSTEM, messages=greedy()["messages"]
     )
     assert counted.input_tokens == message.usage.input_tokens
@@ -75,8 +74,10 @@ def test_a_message_is_the_chat_completion_of_the_same_turns(stack: Stack) -> Non
     assert (job["params"]["temperature"], job["params"]["top_k"]) == (0, 5)
 
 
-def test_a_streamed_message_sends_anthropics_events_and_the_same_text(stack: Stack) -> None:
-    client = client_for(stack)
+def test_a_streamed_message_sends_anthropics_events_and_the_same_text(
+    stack: Stack, anthropic_clients: AnthropicClients
+) -> None:
+    client = anthropic_clients()
     whole = client.messages.create(**greedy())
     with client.messages.stream(**greedy()) as stream:
         kinds = [event.type for event in stream]
@@ -93,8 +94,8 @@ def test_a_streamed_message_sends_anthropics_events_and_the_same_text(stack: Sta
     assert [e.type for e in events if e.type != "content_block_delta"] == [
         k for k in kinds if k not in ("text", "content_block_delta")
     ]
-    text = "".join(e.delta.text for e in events if e.type == "content_block_delta")  # type: ignore[union-attr]
-    assert text == whole.content[0].text  # type: ignore[union-attr]
+    text = "".join(e.delta.text for e in events if e.type == "content_block_delta")
+    assert text == whole.content[0].text
 
 
 def test_the_key_may_come_in_x_api_key(stack: Stack) -> None:
@@ -112,9 +113,9 @@ def test_the_key_may_come_in_x_api_key(stack: Stack) -> None:
 
 
 def test_what_cannot_be_honoured_is_refused_naming_it_and_the_rest_is_ignored(
-    stack: Stack,
+    stack: Stack, anthropic_clients: AnthropicClients
 ) -> None:
-    client = client_for(stack)
+    client = anthropic_clients()
     image = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
     turn = {"role": "user", "content": [{"type": "text", "text": QUESTION}, image]}
     with pytest.raises(anthropic.UnprocessableEntityError) as refused:
@@ -134,7 +135,7 @@ def test_what_cannot_be_honoured_is_refused_naming_it_and_the_rest_is_ignored(
         **greedy(max_tokens=8),
         output_config={"format": {"type": "json_schema", "schema": {"enum": ["yes", "no"]}}},
     )
-    assert json.loads(shaped.content[0].text) in ("yes", "no")  # type: ignore[union-attr]
+    assert json.loads(shaped.content[0].text) in ("yes", "no")
     wait_until(
         log_contains(stack.api, "ignored field 'a_field_from_tomorrow'"),
         timeout_s=10,

@@ -24,6 +24,7 @@ from inferq.wire.validation import (
     JobValidator,
     PreparedRequest,
     SamplingFields,
+    check_storable,
 )
 
 log = logging.getLogger(__name__)
@@ -138,6 +139,9 @@ def prepare_messages(validator: JobValidator, body: MessagesBody) -> PreparedReq
     for i, message in enumerate(body.messages):
         text = _text(message.content, f"messages.{i}.content")
         turns.append(ChatMessage(role=message.role, content=text))
+    # Checked here, where each text's field is known (the system prompt is a turn more).
+    for turn, param in zip(turns, _params(body), strict=True):
+        check_storable(turn.text(), param)
     sampling = SamplingFields(
         max_tokens=body.max_tokens,
         temperature=body.temperature,
@@ -161,6 +165,12 @@ def _response_format(config: OutputConfig | None) -> JsonSchemaFormat | None:
         return None
     spec = JsonSchemaSpec.model_validate({"name": "output", "schema": config.format.schema_})
     return JsonSchemaFormat(type="json_schema", json_schema=spec)
+
+
+def _params(body: MessagesBody) -> list[str]:
+    """The field each chat turn of a request came from."""
+    system = ["system"] if body.system else []
+    return system + [f"messages.{i}.content" for i in range(len(body.messages))]
 
 
 def _ignored_names(body: MessagesBody) -> set[str]:

@@ -141,3 +141,28 @@ def test_what_cannot_be_honoured_is_refused_naming_it_and_the_rest_is_ignored(
         timeout_s=10,
         what="the ignored field logged",
     )
+
+
+@pytest.mark.parametrize(
+    ("field", "param"),
+    [("system", "system"), ("question", "messages.0.content")],
+)
+def test_text_that_is_not_unicode_is_refused_naming_its_field(
+    stack: Stack, field: str, param: str
+) -> None:
+    texts = {"system": SYSTEM, "question": QUESTION, field: "an unpaired \ud800 surrogate"}
+    body = {
+        "model": MODEL_NAME,
+        "max_tokens": 2,
+        "system": texts["system"],
+        "messages": [{"role": "user", "content": texts["question"]}],
+    }
+    with stack.client() as http:
+        # Escaped JSON (`\ud800`) is how such a string reaches a server.
+        refused = http.post(
+            "/v1/messages",
+            content=json.dumps(body).encode(),
+            headers={"content-type": "application/json"},
+        )
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["param"] == param

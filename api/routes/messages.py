@@ -24,10 +24,10 @@ from api.deps import (
     current_principal,
 )
 from api.errors import ended_error, error_json, error_responses
-from api.streams import DONE, Followed, event_stream
+from api.streams import DONE, Followed, event_stream, holds_output
 from api.token_follower import Ended, StreamBroken
 from inferq.constants import JOB_ID_HEADER
-from inferq.domain.jobs import Job, JobSpec
+from inferq.domain.jobs import Choice, Job, JobSpec
 from inferq.wire import anthropic_format as anthropic
 from inferq.wire.anthropic_bodies import CountTokensBody, MessagesBody, prepare_messages
 from inferq.wire.model_catalog import CatalogModel
@@ -64,7 +64,8 @@ async def create_message(
         job = await submission.run(principal, spec, read=read_job, request=request, announced=True)
         return JSONResponse(_message(job), headers={JOB_ID_HEADER: job.id})
     job = await submission.submit(principal, spec)
-    events = _events(follower.follow(job, read=read_job), job=job)
+    held = holds_output(job, chat=True)
+    events = _events(follower.follow(job, read=read_job, held=held), job=job, held=held)
     hangup = functools.partial(submission.cancel_abandoned, job.id, scope=scope)
     return event_stream(events, on_hangup=hangup, headers={JOB_ID_HEADER: job.id}, send_done=False)
 
@@ -102,7 +103,7 @@ def _message(job: Job) -> dict[str, Any]:
     return anthropic.message_body(
         job_id=job.id,
         model=job.model,
-        text=choice.text,
+        blocks=anthropic.content(choice.text, _calls(choice)),
         finish_reason=choice.finish_reason,
         input_tokens=job.prompt_tokens,
         output_tokens=job.result.completion_tokens,
@@ -115,21 +116,26 @@ def _event(data: dict[str, Any]) -> ServerSentEvent:
     )
 
 
-async def _events(followed: Followed, *, job: Job) -> AsyncIterator[ServerSentEvent | str]:
-    """A job's output as Anthropic's stream: the message and its block opened with the
-    first output (or the end), a delta per piece of text, then the block and the message
-    closed with the stop reason and usage; or an `error` event. Then `DONE` (not sent)."""
-    opening = anthropic.stream_start(job_id=job.id, model=job.model, input_tokens=job.prompt_tokens)
+async def _events(
+    followed: Followed, *, job: Job, held: bool
+) -> AsyncIterator[ServerSentEvent | str]:
+    """A job's output as Anthropic's stream: the message and its text block opened with
+    the first output (or the end), a delta per piece of text, then the block and the
+    message closed with the stop reason and usage; or an `error` event. Output that may
+    hold tool calls (`held`) comes whole at the end, its calls as `tool_use` blocks. Then
+    `DONE` (not sent)."""
+    start = anthropic.message_start(job_id=job.id, model=job.model, input_tokens=job.prompt_tokens)
+    opening = [start] if held else [start, anthropic.text_start()]
     try:
         async for item in followed:
             for data in opening:
                 yield _event(data)
             opening = []
             if isinstance(item, Ended):
-                for data in _ending(item):
+                for data in _ending(item, held=held):
                     yield _event(data)
                 break
-            for delta in item:
+            for delta in [] if held else item:
                 if delta.text:
                     yield _event(anthropic.text_delta(delta.text))
     except StreamBroken as exc:
@@ -137,13 +143,21 @@ async def _events(followed: Followed, *, job: Job) -> AsyncIterator[ServerSentEv
     yield DONE
 
 
-def _ending(ended: Ended) -> list[dict[str, Any]]:
+def _ending(ended: Ended, *, held: bool) -> list[dict[str, Any]]:
     error = ended_error(ended.job.id, ended.status, ended.job.error)
     if error is not None:
         detail = error_json(error)["error"]
         return [anthropic.error_event(detail["message"], type_=detail["type"])]
     assert ended.job.result is not None, "a succeeded job has its result"
     [choice] = ended.job.result.choices
-    return anthropic.stream_end(
+    blocks = (
+        anthropic.whole_blocks(choice.text, _calls(choice)) if held else [anthropic.block_stop()]
+    )
+    end = anthropic.message_end(
         finish_reason=choice.finish_reason, output_tokens=ended.completion_tokens
     )
+    return blocks + end
+
+
+def _calls(choice: Choice) -> list[dict[str, Any]]:
+    return [call.to_dict() for call in choice.tool_calls or ()]

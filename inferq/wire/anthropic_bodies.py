@@ -5,7 +5,8 @@ rendered with the model's chat template, and the sampling fields map onto the jo
 What means nothing here (`metadata`, `thinking` and `output_config.effort` for a model
 that does not reason, `service_tier`, `cache_control` on a block, unknown fields) is
 accepted and ignored, each field name logged once. What cannot be honoured (an image or
-document block, tools, a final assistant turn to continue) is refused, naming the field.
+document block, a server tool, a final assistant turn to continue) is refused, naming the
+field. Tools, tool calls and their results are chat tools (`inferq.wire.anthropic_turns`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from inferq.exceptions import InvalidRequest
+from inferq.wire.anthropic_turns import block_text, chat_tools, chat_turns
 from inferq.wire.messages import ChatMessage
 from inferq.wire.structured import JsonSchemaFormat, JsonSchemaSpec
 from inferq.wire.validation import (
@@ -28,12 +30,6 @@ from inferq.wire.validation import (
 )
 
 log = logging.getLogger(__name__)
-
-# Blocks that carry no text for the model and are dropped from a turn: an earlier turn's
-# reasoning, which a model that does not reason never produced.
-_DROPPED_BLOCKS = frozenset({"thinking", "redacted_thinking"})
-# Blocks a text model cannot read.
-_UNREADABLE_BLOCKS = frozenset({"image", "document", "search_result", "container_upload"})
 
 
 class _Lenient(BaseModel):
@@ -80,9 +76,19 @@ class MessagesBody(_Lenient):
     temperature: float = Field(1.0, ge=0, le=1, description="0 is greedy.")
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int | None = Field(None, ge=0, le=2**31 - 1)
+    seed: int | None = Field(
+        None,
+        ge=0,
+        le=2**63 - 1,
+        description="inferq's addition, as vLLM takes it: same seed, same parameters, same text.",
+    )
     metadata: dict[str, Any] | None = Field(None, description="Accepted; not used.")
-    tools: list[dict[str, Any]] | None = Field(None, description="Not supported: refused.")
-    tool_choice: dict[str, Any] | None = Field(None, description="Accepted; not used.")
+    tools: list[dict[str, Any]] | None = Field(
+        None, description="Tools of your own (`name`, `description`, `input_schema`)."
+    )
+    tool_choice: dict[str, Any] | None = Field(
+        None, description="`auto` (the default with tools), `any`, `tool` (with `name`), `none`."
+    )
     thinking: dict[str, Any] | None = Field(
         None, description="Accepted and ignored: the models served here do not reason."
     )
@@ -98,7 +104,7 @@ class CountTokensBody(MessagesBody):
     max_tokens: int = Field(1, ge=1, description="Not needed to count: accepted.")
 
 
-_IGNORED = frozenset({"metadata", "tool_choice", "thinking", "service_tier"})
+_IGNORED = frozenset({"metadata", "thinking", "service_tier"})
 _IGNORED_OUTPUT = frozenset({"effort"})
 
 
@@ -123,41 +129,53 @@ _ignored = _IgnoredFields()
 def prepare_messages(validator: JobValidator, body: MessagesBody) -> PreparedRequest:
     """Every check of a Messages body but the context length (which needs its tokens)."""
     _ignored.note(_ignored_names(body))
-    if body.tools:
-        raise InvalidRequest(
-            "tools are not supported on /v1/messages: use /v1/chat/completions for tool calls",
-            param="tools",
-        )
     if body.messages[-1].role == "assistant":
         raise InvalidRequest(
             "a final assistant turn (a prefill to continue) is not supported: end with a user turn",
             param=f"messages.{len(body.messages) - 1}.role",
         )
-    turns = (
-        [ChatMessage(role="system", content=_text(body.system, "system"))] if body.system else []
-    )
+    turns = []
+    if body.system:
+        turns.append((ChatMessage(role="system", content=_system(body.system)), "system"))
     for i, message in enumerate(body.messages):
-        text = _text(message.content, f"messages.{i}.content")
-        turns.append(ChatMessage(role=message.role, content=text))
-    # Checked here, where each text's field is known (the system prompt is a turn more).
-    for turn, param in zip(turns, _params(body), strict=True):
-        check_storable(turn.text(), param)
+        turns += chat_turns(message.role, message.content, f"messages.{i}.content")
+    # Checked here, where each text's field is known (the turns are not the messages).
+    for turn, field in turns:
+        check_storable(turn.text(), field)
+    tools, tool_choice = chat_tools(body.tools, body.tool_choice)
     sampling = SamplingFields(
         max_tokens=body.max_tokens,
         temperature=body.temperature,
         top_p=body.top_p,
         top_k=body.top_k or 0,
+        seed=body.seed,
         stop=body.stop_sequences or None,
         response_format=_response_format(body.output_config),
+        tools=tools,
+        tool_choice=tool_choice,
     )
     try:
         return validator.prepare(
-            model=body.model, prompt=None, messages=turns, sampling=sampling, metadata={}
+            model=body.model,
+            prompt=None,
+            messages=[turn for turn, _ in turns],
+            sampling=sampling,
+            metadata={},
         )
     except InvalidRequest as exc:
-        if exc.param is None or not exc.param.startswith("response_format"):
+        param = _anthropic_param(exc.param)
+        if param == exc.param:
             raise
-        raise InvalidRequest(exc.message, param="output_config.format.schema") from exc
+        raise InvalidRequest(exc.message, param=param, code=exc.code) from exc
+
+
+def _anthropic_param(param: str | None) -> str | None:
+    """The field of a Messages request that a chat request's field came from."""
+    if param is None:
+        return None
+    if param.startswith("response_format"):
+        return "output_config.format.schema"
+    return param.replace(".function.parameters", ".input_schema").replace(".function.", ".")
 
 
 def _response_format(config: OutputConfig | None) -> JsonSchemaFormat | None:
@@ -165,12 +183,6 @@ def _response_format(config: OutputConfig | None) -> JsonSchemaFormat | None:
         return None
     spec = JsonSchemaSpec.model_validate({"name": "output", "schema": config.format.schema_})
     return JsonSchemaFormat(type="json_schema", json_schema=spec)
-
-
-def _params(body: MessagesBody) -> list[str]:
-    """The field each chat turn of a request came from."""
-    system = ["system"] if body.system else []
-    return system + [f"messages.{i}.content" for i in range(len(body.messages))]
 
 
 def _ignored_names(body: MessagesBody) -> set[str]:
@@ -182,33 +194,7 @@ def _ignored_names(body: MessagesBody) -> set[str]:
     return given
 
 
-def _text(content: str | list[dict[str, Any]], param: str) -> str:
-    """A turn's (or the system prompt's) text blocks joined; refuses blocks a text model
-    cannot read."""
-    if isinstance(content, str):
-        return content
-    texts = []
-    for j, block in enumerate(content):
-        kind = block.get("type")
-        where = f"{param}.{j}"
-        if kind == "text" and isinstance(block.get("text"), str):
-            texts.append(block["text"])
-        elif kind in _DROPPED_BLOCKS:
-            continue
-        elif kind in _UNREADABLE_BLOCKS:
-            raise InvalidRequest(
-                f"{where} is a {kind} block, but this model reads text only: send text blocks",
-                param=where,
-            )
-        elif kind in ("tool_use", "tool_result"):
-            raise InvalidRequest(
-                f"{where} is a {kind} block: tools are not supported on /v1/messages",
-                param=where,
-            )
-        else:
-            raise InvalidRequest(
-                f"{where} must be a text block ({{'type': 'text', 'text': ...}}); got "
-                f"type {kind!r}",
-                param=where,
-            )
-    return "".join(texts)
+def _system(system: str | list[dict[str, Any]]) -> str:
+    if isinstance(system, str):
+        return system
+    return "".join(block_text(block, f"system.{j}") for j, block in enumerate(system))

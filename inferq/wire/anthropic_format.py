@@ -8,7 +8,8 @@ both read as `end_turn`, with `stop_sequence` null.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -31,7 +32,7 @@ def stop_reason(finish_reason: str | None) -> str | None:
     """Anthropic's `stop_reason` for a job's finish reason."""
     if finish_reason is None:
         return None
-    return "max_tokens" if finish_reason == "length" else "end_turn"
+    return {"length": "max_tokens", "tool_calls": "tool_use"}.get(finish_reason, "end_turn")
 
 
 def usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
@@ -43,22 +44,42 @@ def usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
     }
 
 
+def content(text: str, calls: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A message's content blocks: its text (unless it only made calls), then a
+    `tool_use` block for each call (as `ToolCall.to_dict` gives them)."""
+    blocks = [{"type": "text", "text": text}] if text or not calls else []
+    return blocks + [_tool_use(call) for call in calls]
+
+
+def _tool_use(call: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        given = json.loads(call["arguments"])
+    except ValueError:
+        given = None
+    return {
+        "type": "tool_use",
+        "id": call["id"],
+        "name": call["name"],
+        "input": given if isinstance(given, dict) else {},
+    }
+
+
 def message_body(
     *,
     job_id: str,
     model: str,
-    text: str | None,
+    blocks: list[dict[str, Any]],
     finish_reason: str | None,
     input_tokens: int,
     output_tokens: int,
 ) -> dict[str, Any]:
-    """The `message` a client gets for a request; `text` None: a stream's first event."""
+    """The `message` a client gets for a request (`blocks` from `content`)."""
     return {
         "id": message_id(job_id),
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": [] if text is None else [{"type": "text", "text": text}],
+        "content": blocks,
         "stop_reason": stop_reason(finish_reason),
         "stop_sequence": None,
         "usage": usage(input_tokens, output_tokens),
@@ -70,34 +91,54 @@ def error_event(message: str, *, type_: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": type_, "message": message}}
 
 
-def stream_start(*, job_id: str, model: str, input_tokens: int) -> list[dict[str, Any]]:
-    """The events that open a streamed message: the message, then its text block."""
+def message_start(*, job_id: str, model: str, input_tokens: int) -> dict[str, Any]:
+    """The event that opens a streamed message: the message, with no content yet."""
     message = message_body(
         job_id=job_id,
         model=model,
-        text=None,
+        blocks=[],
         finish_reason=None,
         input_tokens=input_tokens,
         output_tokens=0,
     )
+    return {"type": "message_start", "message": message}
+
+
+def text_start(index: int = 0) -> dict[str, Any]:
+    block = {"type": "text", "text": ""}
+    return {"type": "content_block_start", "index": index, "content_block": block}
+
+
+def text_delta(text: str, index: int = 0) -> dict[str, Any]:
+    delta = {"type": "text_delta", "text": text}
+    return {"type": "content_block_delta", "index": index, "delta": delta}
+
+
+def block_stop(index: int = 0) -> dict[str, Any]:
+    return {"type": "content_block_stop", "index": index}
+
+
+def whole_blocks(text: str, calls: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The events of content sent whole once it has ended: each block started, given
+    (a tool call's input as one `input_json_delta`) and stopped."""
+    events: list[dict[str, Any]] = []
+    for index, block in enumerate(content(text, calls)):
+        if block["type"] == "text":
+            events += [text_start(index), text_delta(block["text"], index)]
+        else:
+            started = {**block, "input": {}}
+            partial = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+            events += [
+                {"type": "content_block_start", "index": index, "content_block": started},
+                {"type": "content_block_delta", "index": index, "delta": partial},
+            ]
+        events.append(block_stop(index))
+    return events
+
+
+def message_end(*, finish_reason: str | None, output_tokens: int) -> list[dict[str, Any]]:
+    """The events that close a streamed message: its stop reason and usage, the stop."""
     return [
-        {"type": "message_start", "message": message},
-        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-    ]
-
-
-def text_delta(text: str) -> dict[str, Any]:
-    return {
-        "type": "content_block_delta",
-        "index": 0,
-        "delta": {"type": "text_delta", "text": text},
-    }
-
-
-def stream_end(*, finish_reason: str | None, output_tokens: int) -> list[dict[str, Any]]:
-    """The events that close a streamed message: its block, its end and usage, the stop."""
-    return [
-        {"type": "content_block_stop", "index": 0},
         {
             "type": "message_delta",
             "delta": {"stop_reason": stop_reason(finish_reason), "stop_sequence": None},
@@ -168,7 +209,7 @@ def result_message(row: ResultRow) -> dict[str, Any]:
     return message_body(
         job_id=row.job_id,
         model=row.model,
-        text=choice["text"],
+        blocks=content(choice["text"], choice.get("tool_calls") or ()),
         finish_reason=choice["finish_reason"],
         input_tokens=row.prompt_tokens,
         output_tokens=row.completion_tokens or 0,

@@ -121,10 +121,10 @@ def test_what_cannot_be_honoured_is_refused_naming_it_and_the_rest_is_ignored(
     with pytest.raises(anthropic.UnprocessableEntityError) as refused:
         client.messages.create(**greedy(messages=[turn]))
     assert refused.value.body["error"]["param"] == "messages.0.content.1"  # type: ignore[index]
-    tool = {"name": "f", "input_schema": {"type": "object"}}
+    server_tool = {"type": "web_search_20250305", "name": "web_search"}
     with pytest.raises(anthropic.UnprocessableEntityError) as refused:
-        client.messages.create(**greedy(tools=[tool]))
-    assert refused.value.body["error"]["param"] == "tools"  # type: ignore[index]
+        client.messages.create(**greedy(tools=[server_tool]))
+    assert refused.value.body["error"]["param"] == "tools.0"  # type: ignore[index]
     message = client.messages.create(
         **greedy(max_tokens=3, extra_body={"temperature": 0, "a_field_from_tomorrow": 1}),
         metadata={"user_id": "u-1"},
@@ -166,3 +166,63 @@ def test_text_that_is_not_unicode_is_refused_naming_its_field(
         )
     assert refused.status_code == 422, refused.text
     assert refused.json()["error"]["param"] == param
+
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The forecast for a city.",
+    "input_schema": {
+        "type": "object",
+        "properties": {
+            "city": {"enum": ["Paris", "Oslo", "Lima"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7},
+        },
+        "required": ["city", "days"],
+        "additionalProperties": False,
+    },
+}
+
+
+def test_a_forced_tool_call_is_a_tool_use_block_whole_or_streamed(
+    anthropic_clients: AnthropicClients,
+) -> None:
+    client = anthropic_clients()
+    asked: dict[str, Any] = {
+        "model": MODEL_NAME,
+        "max_tokens": 400,
+        "messages": [{"role": "user", "content": "What will the weather be in Oslo?"}],
+        "tools": [WEATHER],
+        "tool_choice": {"type": "tool", "name": "get_weather"},
+        "extra_body": {"seed": 5},
+    }
+    message = client.messages.create(**asked)
+    assert message.stop_reason == "tool_use"
+    [use] = [block for block in message.content if block.type == "tool_use"]
+    assert use.name == "get_weather"
+    assert use.input["city"] in ("Paris", "Oslo", "Lima")  # type: ignore[index]
+    assert 1 <= use.input["days"] <= 7  # type: ignore[index]
+    with client.messages.stream(**asked) as stream:
+        streamed = stream.get_final_message()
+    [streamed_use] = [block for block in streamed.content if block.type == "tool_use"]
+    assert streamed.stop_reason == "tool_use"
+    assert (streamed_use.name, streamed_use.input) == (use.name, use.input)
+    # The call and its result go back as the conversation goes on.
+    follow_up = client.messages.create(
+        model=MODEL_NAME,
+        max_tokens=4,
+        messages=[
+            asked["messages"][0],
+            {"role": "assistant", "content": [use.model_dump()]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": use.id, "content": "sunny, 21 C"},
+                    {"type": "text", "text": "And tomorrow?"},
+                ],
+            },
+        ],
+        tools=[WEATHER],
+        tool_choice={"type": "none"},
+    )
+    assert [block.type for block in follow_up.content] == ["text"]
+    assert follow_up.usage.input_tokens > message.usage.input_tokens

@@ -3,6 +3,7 @@ the `anthropic` client parses."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 
 import pytest
@@ -47,3 +48,17 @@ def test_each_end_is_its_result_type(ended: ResultRow, kind: str) -> None:
         assert parsed.result.message.stop_reason == "end_turn"
     if parsed.result.type == "errored":
         assert parsed.result.error.error.message == "boom"
+
+
+def test_a_line_that_made_a_call_is_a_tool_use_block() -> None:
+    called = row(JobStatus.SUCCEEDED)
+    call = {"id": "call_1", "name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    choice = {"index": 0, "text": "", "finish_reason": "tool_calls", "tool_calls": [call]}
+    called = dataclasses.replace(called, choices=[choice])
+    parsed = MessageBatchIndividualResponse.model_validate(result_line(called))
+    assert parsed.result.type == "succeeded"
+    message = parsed.result.message
+    assert message.stop_reason == "tool_use"
+    [use] = message.content
+    assert use.type == "tool_use"
+    assert (use.id, use.name, use.input) == ("call_1", "get_weather", {"city": "Oslo"})

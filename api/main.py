@@ -152,7 +152,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         limit_bytes=settings.max_request_bytes,
         # A multipart upload carries a little more than the file itself.
         upload_limit_bytes=settings.max_file_bytes + 64 * 1024,
-        upload_paths=("/v1/files",),
+        # A message batch's requests become its input file: they may be as large as one.
+        upload_paths=("/v1/files", "/v1/messages/batches"),
     )
     app.add_middleware(RequestMetrics, metrics=metrics)
     app.include_router(health.router)

@@ -111,11 +111,13 @@ def _lines(requests: Sequence[MessageRequest]) -> Iterator[bytes]:
 def _refused(error: LineError, requests: Sequence[MessageRequest]) -> InvalidRequest:
     """A refused line, told as the request it came from (`requests.3.params.max_tokens`)."""
     if error.line is None:
-        return InvalidRequest(error.message, param="requests")
+        return InvalidRequest(error.message, param="requests", code=error.code)
     index = error.line - 1
     where = f"requests.{index} (custom_id {requests[index].custom_id!r})"
     message = error.message.split(": ", 1)[-1].replace("body.", "params.")
     param = (error.param or "").replace("body", "params", 1)
     return InvalidRequest(
-        f"{where}: {message}", param=f"requests.{index}.{param}" if param else "requests"
+        f"{where}: {message}",
+        param=f"requests.{index}.{param}" if param else "requests",
+        code=error.code,
     )

@@ -88,6 +88,13 @@ def test_a_refused_request_is_named_and_nothing_is_queued(
     with pytest.raises(anthropic.UnprocessableEntityError) as refused:
         client.messages.batches.create(requests=[good, good])  # type: ignore[list-item]
     assert refused.value.body["error"]["param"] == "requests.1.custom_id"  # type: ignore[index]
+    # A create may be as large as an uploaded file: this one, over the JSON body limit
+    # of other requests, is read, and its prompt found too long for the model.
+    long = {"custom_id": "long", "params": params("sea " * 300_000)}
+    with pytest.raises(anthropic.UnprocessableEntityError) as refused:
+        client.messages.batches.create(requests=[good, long])  # type: ignore[list-item]
+    assert refused.value.body["error"]["code"] == "context_length_exceeded"  # type: ignore[index]
+    assert refused.value.body["error"]["param"].startswith("requests.1.params.")  # type: ignore[index]
     assert client.messages.batches.list().data == []
 
 

@@ -10,7 +10,7 @@ from inferq.exceptions import Unauthorized
 from inferq.store.api_keys import KeyStore
 
 _HINT = (
-    "send `Authorization: Bearer <key>`; an operator creates keys with "
+    "send `Authorization: Bearer <key>` (or `x-api-key: <key>`); an operator creates keys with "
     "`inferq keys create --name NAME`"
 )
 
@@ -36,7 +36,8 @@ class Authenticator:
         return None
 
     def principal(self, secret: str | None) -> Principal:
-        """The caller holding this bearer secret (None when no credentials were sent)."""
+        """The caller holding this secret, from its bearer or `x-api-key` header (None
+        when no credentials were sent)."""
         if not self._enabled:
             return DEVELOPMENT_PRINCIPAL
         secret = (secret or "").strip()

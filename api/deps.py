@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Annotated, TypeVar
 
 from fastapi import Depends, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import Authenticator
@@ -23,12 +23,14 @@ from api.waiter import JobWaiter
 from inferq.app import App
 from inferq.broker.queues import QueueMonitor
 from inferq.broker.worker_registry import WorkerRegistry
+from inferq.constants import API_KEY_HEADER
 from inferq.domain.api_keys import Principal
 from inferq.domain.jobs import Job
 from inferq.operations.batch_output import BatchOutput
 from inferq.operations.batches import BatchOperations
 from inferq.operations.files import FileOperations
 from inferq.operations.jobs import JobOperations
+from inferq.operations.message_batches import MessageBatches
 from inferq.operations.usage import UsageOperations
 from inferq.operations.webhooks import WebhookOperations
 from inferq.settings import ApiSettings
@@ -79,6 +81,7 @@ ApiSettingsDep = Annotated[ApiSettings, Depends(_taken(lambda s: s.app.settings)
 JobOpsDep = Annotated[JobOperations, Depends(_taken(lambda s: s.app.job_operations))]
 BatchOpsDep = Annotated[BatchOperations, Depends(_taken(lambda s: s.app.batch_operations))]
 BatchOutputDep = Annotated[BatchOutput, Depends(_taken(lambda s: s.app.batch_output))]
+MessageBatchesDep = Annotated[MessageBatches, Depends(_taken(lambda s: s.app.message_batches))]
 FileOpsDep = Annotated[FileOperations, Depends(_taken(lambda s: s.app.file_operations))]
 WebhookOpsDep = Annotated[WebhookOperations, Depends(_taken(lambda s: s.app.webhook_operations))]
 UsageOpsDep = Annotated[UsageOperations, Depends(_taken(lambda s: s.app.usage_operations))]
@@ -95,15 +98,20 @@ AppDep = Annotated[App, Depends(_taken(lambda s: s.app))]
 
 
 _bearer = HTTPBearer(auto_error=False, description="An inferq API key.")
+# The header Anthropic's clients send the key in: the same keys, either way.
+_api_key = APIKeyHeader(
+    name=API_KEY_HEADER, auto_error=False, description="An inferq API key (Anthropic's header)."
+)
 
 
 async def current_principal(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    api_key: Annotated[str | None, Depends(_api_key)],
 ) -> Principal:
     """The caller, authenticated and counted against its requests-per-minute limit."""
     services = _services(request)
-    secret = credentials.credentials if credentials is not None else None
+    secret = credentials.credentials if credentials is not None else api_key
     # A known key is answered from memory, on the event loop; only a lookup takes a thread.
     principal = services.authenticator.cached(secret)
     if principal is None:

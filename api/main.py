@@ -34,6 +34,8 @@ from api.routes import (
     files,
     health,
     jobs,
+    message_batches,
+    messages,
     models,
     responses,
     status,
@@ -150,13 +152,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         limit_bytes=settings.max_request_bytes,
         # A multipart upload carries a little more than the file itself.
         upload_limit_bytes=settings.max_file_bytes + 64 * 1024,
-        upload_paths=("/v1/files",),
+        # A message batch's requests become its input file: they may be as large as one.
+        upload_paths=("/v1/files", "/v1/messages/batches"),
     )
     app.add_middleware(RequestMetrics, metrics=metrics)
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(completions.router)
     app.include_router(responses.router)
+    app.include_router(messages.router)
+    app.include_router(message_batches.router)
     app.include_router(embeddings.router)
     app.include_router(files.router)
     app.include_router(batches.router)

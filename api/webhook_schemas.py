@@ -6,8 +6,15 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 
-from inferq.domain.webhooks import Attempt, Delivery, DeliveryState, WebhookEndpoint
+from inferq.domain.webhooks import (
+    Attempt,
+    Delivery,
+    DeliveryState,
+    WebhookEndpoint,
+    WebhookFormat,
+)
 from inferq.store.base import Page, utcnow
 
 
@@ -15,6 +22,12 @@ class EndpointCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     url: str = Field(max_length=2048, description="The receiver (public http(s) only).")
+    format: WebhookFormat | SkipJsonSchema[None] = Field(
+        None,
+        description="The shape of its events: `inferq` (the job or batch in `data`) or "
+        "`openai` (OpenAI's batch events, which `client.webhooks.unwrap` parses). A new "
+        "receiver's is `inferq` unless given; a known one's changes only when given.",
+    )
 
 
 class EndpointPublic(BaseModel):
@@ -27,6 +40,7 @@ class EndpointPublic(BaseModel):
     previous_secret_expires_at: datetime | None = Field(
         description="After a rotation, until when the old secret also signs."
     )
+    format: WebhookFormat = Field(description="The shape of its events.")
     enabled: bool
     disabled_reason: str | None
     created_at: datetime
@@ -38,6 +52,7 @@ class EndpointPublic(BaseModel):
             id=endpoint.id,
             url=endpoint.url,
             secret=endpoint.secret,
+            format=endpoint.format,
             previous_secret_expires_at=overlap if overlap and overlap > utcnow() else None,
             enabled=endpoint.disabled_at is None,
             disabled_reason=endpoint.disabled_reason,

@@ -26,9 +26,11 @@ from inferq.domain.webhooks import (
     Network,
     UnsafeWebhookUrl,
     WebhookEndpoint,
+    WebhookFormat,
     check_webhook_url,
     event_payload,
     next_delay_s,
+    openai_event,
     retry_after_s,
     sign,
 )
@@ -83,6 +85,14 @@ class WebhookSender:
             for state in self._pool.map(lambda pair: self.attempt(*pair), claimed):
                 outcomes[state.value] = outcomes.get(state.value, 0) + 1
 
+    def _payload(
+        self, delivery: Delivery, endpoint: WebhookEndpoint, now: datetime
+    ) -> dict[str, Any]:
+        """The event in the endpoint's format (a job's event is always inferq's)."""
+        if endpoint.format is WebhookFormat.OPENAI and (event := openai_event(delivery)):
+            return event
+        return event_payload(delivery.event, self._render(delivery), now)
+
     def attempt(self, delivery: Delivery, endpoint: WebhookEndpoint) -> DeliveryState:
         started_at = self._clock()
         started = time.monotonic()
@@ -91,10 +101,7 @@ class WebhookSender:
         retry_after: float | None = None
         try:
             target = check_webhook_url(endpoint.url, allowed=self._allowed)
-            body = json.dumps(
-                event_payload(delivery.event, self._render(delivery), started_at),
-                separators=(",", ":"),
-            )
+            body = json.dumps(self._payload(delivery, endpoint, started_at), separators=(",", ":"))
             response = self._client.post(
                 target.pinned_url(),
                 content=body.encode(),

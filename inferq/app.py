@@ -26,6 +26,7 @@ from inferq.operations.batch_output import BatchOutput
 from inferq.operations.batches import BatchLifecycle, BatchOperations
 from inferq.operations.files import FileOperations
 from inferq.operations.jobs import JobOperations
+from inferq.operations.message_batches import MessageBatches
 from inferq.operations.usage import UsageOperations
 from inferq.operations.webhooks import WebhookOperations
 from inferq.settings import Settings
@@ -222,6 +223,10 @@ class App:
             max_bytes=self.settings.max_file_bytes,
             retention_s=self.settings.job_retention_s,
         )
+
+    @cached_property
+    def message_batches(self) -> MessageBatches:
+        return MessageBatches(batches=self.batch_operations, files=self.file_operations)
 
     @cached_property
     def webhook_operations(self) -> WebhookOperations:

@@ -46,6 +46,8 @@ IDEMPOTENCY_KEY_HEADER: Final = "Idempotency-Key"
 IDEMPOTENT_REPLAY_HEADER: Final = "Idempotent-Replayed"
 # On online completions: the job that answers the request (see it at /v1/jobs/{id}).
 JOB_ID_HEADER: Final = "Inferq-Job-Id"
+# Where Anthropic's clients send an API key (`Authorization: Bearer` works too).
+API_KEY_HEADER: Final = "x-api-key"
 
 # Id prefixes, so an id says what it names.
 JOB_ID_PREFIX: Final = "job_"

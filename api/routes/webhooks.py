@@ -26,8 +26,9 @@ def create_endpoint(
     body: EndpointCreate, webhooks: WebhookOpsDep, principal: PrincipalDep
 ) -> EndpointPublic:
     """Register a receiver ahead of use and get its secret (submitting a job or batch with
-    a new `webhook_url` registers it too). Registering a known URL returns it as it is."""
-    endpoint = webhooks.register(tenant=principal.tenant, url=body.url)
+    a new `webhook_url` registers it too). Registering a known URL returns it as it is,
+    with its `format` changed if one is given."""
+    endpoint = webhooks.register(tenant=principal.tenant, url=body.url, format_=body.format)
     return EndpointPublic.from_endpoint(endpoint)
 
 

@@ -17,6 +17,9 @@ COMPLETIONS_ENDPOINT = "/v1/completions"
 EMBEDDINGS_ENDPOINT = "/v1/embeddings"
 RESPONSES_ENDPOINT = "/v1/responses"
 ENDPOINTS = (CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, EMBEDDINGS_ENDPOINT, RESPONSES_ENDPOINT)
+# Anthropic's Message Batches: each line's body a Messages request. Not an endpoint of
+# OpenAI's Batch API: such batches are made at /v1/messages/batches.
+MESSAGES_ENDPOINT = "/v1/messages"
 FILE_ID_PREFIX = "file-"
 BATCH_ID_PREFIX = "batch_"
 MAX_COMPLETION_WINDOW = timedelta(days=7)

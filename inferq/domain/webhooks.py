@@ -35,6 +35,16 @@ class DeliveryState(StrEnum):
 ACTIVE_DELIVERY_STATES = (DeliveryState.PENDING, DeliveryState.DELIVERING)
 
 
+class WebhookFormat(StrEnum):
+    """The shape of the events an endpoint receives (both signed the same way)."""
+
+    INFERQ = "inferq"
+    """`type`, `timestamp` and `data`: the job or batch as the API shows it."""
+    OPENAI = "openai"
+    """OpenAI's events for batches (`id`, `object`, `type`, `created_at`, `data.id`), as
+    `openai`'s `client.webhooks.unwrap` parses them; job events stay inferq's."""
+
+
 @dataclass(frozen=True)
 class WebhookRequest:
     """Where a job's or batch's events go, and which (None: every event of its kind)."""
@@ -54,6 +64,7 @@ class WebhookEndpoint:
     created_at: datetime
     disabled_at: datetime | None
     disabled_reason: str | None
+    format: WebhookFormat = WebhookFormat.INFERQ
 
     def signing_secrets(self, now: datetime) -> list[str]:
         """The secret, and during a rotation's overlap the previous one too."""
@@ -138,6 +149,20 @@ def retry_after_s(value: str | None, now: datetime) -> float | None:
 def event_payload(event: str, data: dict[str, Any], now: datetime) -> dict[str, Any]:
     """The body: Standard Webhooks' recommended `type`, `timestamp`, `data`."""
     return {"type": event, "timestamp": now.isoformat().replace("+00:00", "Z"), "data": data}
+
+
+def openai_event(delivery: Delivery) -> dict[str, Any] | None:
+    """A batch's event in OpenAI's shape (its id the delivery's, the same on every
+    attempt); None for an event OpenAI has no shape for (a job's)."""
+    if delivery.batch_id is None:
+        return None
+    return {
+        "id": delivery.id,
+        "object": "event",
+        "type": delivery.event,
+        "created_at": int(delivery.created_at.timestamp()),
+        "data": {"id": delivery.batch_id},
+    }
 
 
 # --- SSRF guard ----------------------------------------------------------------------

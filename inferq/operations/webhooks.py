@@ -11,6 +11,7 @@ from inferq.domain.webhooks import (
     Delivery,
     DeliveryState,
     WebhookEndpoint,
+    WebhookFormat,
     WebhookRequest,
     check_webhook_url,
     parse_networks,
@@ -50,9 +51,13 @@ class WebhookOperations:
         check_webhook_url(url, allowed=self._allowed)
         return WebhookRequest(url=url, events=None if events is None else list(events))
 
-    def register(self, *, tenant: str, url: str) -> WebhookEndpoint:
+    def register(
+        self, *, tenant: str, url: str, format_: WebhookFormat | None = None
+    ) -> WebhookEndpoint:
+        """The tenant's receiver at `url`, registered if new; with `format_`, the shape
+        of its events from now on (a new one's is inferq's unless given)."""
         self.request(url, None)
-        return self._store.register(tenant=tenant, url=url)
+        return self._store.register(tenant=tenant, url=url, format_=format_)
 
     def endpoints(self, *, scope: str | None) -> list[WebhookEndpoint]:
         return self._store.endpoints(scope=scope)

@@ -162,13 +162,26 @@ class BatchStore(BatchEndings):
         with self._transaction() as session:
             return batch_from_row(scoped_batch(session, batch_id, scope, self._clock()))
 
-    def page(self, *, scope: str | None, after: str | None = None, limit: int = 20) -> Page[Batch]:
+    def page(
+        self,
+        *,
+        scope: str | None,
+        after: str | None = None,
+        limit: int = 20,
+        endpoint: str | None = None,
+    ) -> Page[Batch]:
+        """A page of batches, newest first; with `endpoint`, only that endpoint's, and
+        none that was refused (Anthropic's batches: a refused one never had an id)."""
         now = self._clock()
         query = select(BatchRow).where(
             or_(BatchRow.output_expires_at.is_(None), BatchRow.output_expires_at > now)
         )
         if scope is not None:
             query = query.where(BatchRow.tenant == scope)
+        if endpoint is not None:
+            query = query.where(
+                BatchRow.endpoint == endpoint, BatchRow.status != BatchStatus.FAILED.value
+            )
         with self._transaction() as session:
             return newest_first(
                 session,
@@ -234,6 +247,20 @@ class BatchStore(BatchEndings):
         """The number of the batch's last line; None if it has none (it was refused)."""
         with self._transaction() as session:
             return session.scalar(select(func.max(JobRow.line)).where(JobRow.batch_id == batch_id))
+
+    def outcomes(self, batch_id: str) -> dict[tuple[JobStatus, str | None], int]:
+        """How many of the batch's lines ended in each status, with each error code."""
+        code = JobRow.error["code"].as_string()
+        with self._transaction() as session:
+            rows = session.execute(
+                select(JobRow.status, code, func.count())
+                .where(
+                    JobRow.batch_id == batch_id,
+                    JobRow.status.in_([s.value for s in TERMINAL_STATUSES]),
+                )
+                .group_by(JobRow.status, code)
+            ).all()
+        return {(JobStatus(status), error): count for status, error, count in rows}
 
     def results(
         self,

@@ -378,6 +378,8 @@ class WebhookEndpointRow(Base):
     created_at: Mapped[datetime] = mapped_column(Timestamp)
     disabled_at: Mapped[datetime | None] = mapped_column(Timestamp)
     disabled_reason: Mapped[str | None] = mapped_column(Text)
+    # The shape of its events: `WebhookFormat`.
+    format: Mapped[str] = mapped_column(String(16), default="inferq", server_default="inferq")
 
     __table_args__ = (UniqueConstraint("tenant", "url"),)
 

@@ -20,6 +20,7 @@ from inferq.domain.webhooks import (
     Delivery,
     DeliveryState,
     WebhookEndpoint,
+    WebhookFormat,
     new_secret,
 )
 from inferq.exceptions import InvalidState
@@ -35,10 +36,16 @@ _DELIVERY = "webhook delivery"
 class WebhookStore(Store):
     # Endpoints.
 
-    def register(self, *, tenant: str, url: str) -> WebhookEndpoint:
+    def register(
+        self, *, tenant: str, url: str, format_: WebhookFormat | None = None
+    ) -> WebhookEndpoint:
+        """`tenant`'s endpoint for `url`, made if need be; with `format_`, its events'
+        shape from now on."""
         with self._transaction() as session:
             endpoint_id = ensure_endpoint(session, tenant=tenant, url=url, now=self._clock())
             row = scoped_row(session, WebhookEndpointRow, endpoint_id, tenant, noun=_ENDPOINT)
+            if format_ is not None:
+                row.format = format_.value
             return _endpoint(row)
 
     def endpoints(self, *, scope: str | None) -> list[WebhookEndpoint]:
@@ -261,6 +268,7 @@ def _endpoint(row: WebhookEndpointRow) -> WebhookEndpoint:
         created_at=as_utc(row.created_at),
         disabled_at=as_utc(row.disabled_at),
         disabled_reason=row.disabled_reason,
+        format=WebhookFormat(row.format),
     )
 
 

@@ -21,11 +21,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from inferq.domain.batches import (
     CHAT_ENDPOINT,
     EMBEDDINGS_ENDPOINT,
+    MESSAGES_ENDPOINT,
     RESPONSES_ENDPOINT,
     LineError,
 )
 from inferq.domain.jobs import JobSpec
 from inferq.exceptions import InvalidRequest, ModelNotFound
+from inferq.wire.anthropic_bodies import MessagesBody, prepare_messages
 from inferq.wire.embeddings import (
     EmbeddingBody,
     PreparedEmbedding,
@@ -89,9 +91,10 @@ class BatchLineReader:
     def __init__(self, models: ModelCatalog, *, endpoint: str) -> None:
         self._models = models
         self._endpoint = endpoint
-        bodies: dict[str, type[ChatBody | CompletionBody | ResponsesBody]] = {
+        bodies: dict[str, type[ChatBody | CompletionBody | ResponsesBody | MessagesBody]] = {
             CHAT_ENDPOINT: ChatBody,
             RESPONSES_ENDPOINT: ResponsesBody,
+            MESSAGES_ENDPOINT: MessagesBody,
         }
         self._body_type = bodies.get(endpoint, CompletionBody)
         self._seen: set[str] = set()
@@ -171,6 +174,8 @@ class BatchLineReader:
             validator = self._models.get(body.model).validator
             if isinstance(body, ResponsesBody):
                 request = prepare_response(validator, body)
+            elif isinstance(body, MessagesBody):
+                request = prepare_messages(validator, body)
             else:
                 request = prepare_body(validator, body)
             return _Prepared(number, envelope.custom_id, request, validator)

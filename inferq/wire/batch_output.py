@@ -7,7 +7,14 @@ from typing import Any
 
 import pydantic_core
 
-from inferq.domain.batches import CHAT_ENDPOINT, EMBEDDINGS_ENDPOINT, RESPONSES_ENDPOINT, ResultRow
+from inferq.domain.batches import (
+    CHAT_ENDPOINT,
+    EMBEDDINGS_ENDPOINT,
+    MESSAGES_ENDPOINT,
+    RESPONSES_ENDPOINT,
+    ResultRow,
+)
+from inferq.wire.anthropic_format import result_message
 from inferq.wire.embeddings import embedding_body
 from inferq.wire.openai_format import completion_body
 from inferq.wire.response_objects import ResponseState, response_object
@@ -20,9 +27,11 @@ def needs_extras(endpoint: str) -> bool:
 
 
 def output_line(row: ResultRow, *, endpoint: str) -> dict[str, Any]:
-    """A succeeded line: the chat.completion, text_completion, response or list of
-    embeddings a client would get."""
-    if endpoint == RESPONSES_ENDPOINT:
+    """A succeeded line: the chat.completion, text_completion, response, list of
+    embeddings or (Anthropic's) message a client would get."""
+    if endpoint == MESSAGES_ENDPOINT:
+        body = result_message(row)
+    elif endpoint == RESPONSES_ENDPOINT:
         body = response_object(_response_state(row))
     elif endpoint == EMBEDDINGS_ENDPOINT:
         body = embedding_body(

@@ -4,13 +4,21 @@ as an embedding model through the pooling runner. Started once for the package."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import anthropic
 import pytest
 
-from tests.conftest import ADMIN_KEY, FAULT_SETTINGS, delete_keys, new_key_prefix, service_env
+from tests.conftest import (
+    ADMIN_KEY,
+    FAULT_SETTINGS,
+    Stack,
+    delete_keys,
+    new_key_prefix,
+    service_env,
+)
 from tests.helpers.databases import cloned_database
 from tests.helpers.deployment import Deployment
 from tests.helpers.lora import make_tiny_adapter
@@ -72,3 +80,22 @@ def models_stack(
         finally:
             deployment.stop()
             delete_keys(prefix)
+
+
+AnthropicClients = Callable[..., anthropic.Anthropic]
+
+
+@pytest.fixture
+def anthropic_clients(stack: Stack) -> Iterator[AnthropicClients]:
+    """Makes `anthropic` clients of the stack (with the admin's key unless given one),
+    closed after the test."""
+    made: list[anthropic.Anthropic] = []
+
+    def make(key: str = ADMIN_KEY) -> anthropic.Anthropic:
+        client = anthropic.Anthropic(base_url=stack.url, api_key=key, max_retries=0, timeout=120)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.close()

@@ -1,6 +1,6 @@
 """A webhook endpoint chooses the shape of its events: inferq's (as before) or OpenAI's.
 
-Revision ID: 0020
+Revision ID: 0018
 Revises: 0017
 Create Date: 2026-11-28
 """
@@ -8,7 +8,7 @@ Create Date: 2026-11-28
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0020"
+revision = "0018"
 down_revision = "0017"
 branch_labels = None
 depends_on = None

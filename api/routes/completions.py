@@ -22,9 +22,10 @@ from api.token_follower import TokenFollower
 from inferq.constants import JOB_ID_HEADER
 from inferq.domain.api_keys import Principal
 from inferq.domain.jobs import Job, JobSpec
+from inferq.exceptions import InvalidRequest
 from inferq.wire.model_catalog import CatalogModel
-from inferq.wire.openai_bodies import ChatBody, CompletionBody, prepare_body
-from inferq.wire.openai_format import completion_body
+from inferq.wire.openai_bodies import ChatBody, CompletionBody, prepare_body, prepare_prompts
+from inferq.wire.openai_format import completion_body, usage
 
 router = APIRouter(prefix="/v1", tags=["completions"], responses=error_responses(401, 429, 503))
 
@@ -63,15 +64,15 @@ async def completions(
     principal: PrincipalDep,
     request: Request,
 ) -> Response:
-    """A text completion (OpenAI's shape), answered when it ends or streamed."""
+    """A text completion (OpenAI's shape), answered when it ends or streamed; a list of
+    prompts gets one choice per prompt (`n` each), indexed in order."""
     following = _Following(submission, read, follower)
+    prompts = body.prompts()
+    chars = sum(len(prompt) for prompt in prompts)
+    if len(prompts) > 1:
+        return await _complete_many(body, chars, submission, read, principal, request)
     return await _complete(
-        body,
-        len(body.prompt),
-        chat=False,
-        following=following,
-        principal=principal,
-        request=request,
+        body, chars, chat=False, following=following, principal=principal, request=request
     )
 
 
@@ -108,6 +109,51 @@ async def _complete(
     )
     hangup = functools.partial(submission.cancel_abandoned, job.id, scope=scope)
     return event_stream(chunks, on_hangup=hangup, headers={JOB_ID_HEADER: job.id})
+
+
+async def _complete_many(
+    body: CompletionBody,
+    prompt_chars: int,
+    submission: Submission,
+    reads: Reads,
+    principal: Principal,
+    request: Request,
+) -> Response:
+    """A completion of several prompts: a job each, answered together once all have ended."""
+    if body.stream:
+        raise InvalidRequest(
+            "stream with several prompts is not supported: send one request per prompt",
+            param="stream",
+        )
+    specs = await submission.checked(body.model, prompt_chars, functools.partial(_specs, body))
+    scope = principal.scope
+
+    async def read(job_id: str) -> Job:
+        return await reads((job_id, scope))
+
+    jobs = await submission.run_many(principal, specs, read=read, request=request)
+    n = body.n
+    bodies = [_completion(job, chat=False) for job in jobs]
+    merged = bodies[0]
+    merged["choices"] = [
+        {**choice, "index": i * n + choice["index"]}
+        for i, each in enumerate(bodies)
+        for choice in each["choices"]
+    ]
+    merged["usage"] = usage(
+        sum(each["usage"]["prompt_tokens"] for each in bodies),
+        sum(each["usage"]["completion_tokens"] for each in bodies),
+    )
+    return JSONResponse(merged, headers={JOB_ID_HEADER: ",".join(job.id for job in jobs)})
+
+
+def _specs(body: CompletionBody, model: CatalogModel) -> list[JobSpec]:
+    validator = model.validator
+    prepared = prepare_prompts(validator, body)
+    return [
+        validator.finish(each, token_ids)
+        for each, token_ids in zip(prepared, validator.encode(prepared), strict=True)
+    ]
 
 
 def _spec(body: ChatBody | CompletionBody, model: CatalogModel) -> JobSpec:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from inferq.domain.batches import (
     CHAT_ENDPOINT,
@@ -26,6 +26,7 @@ from inferq.domain.batches import (
 )
 from inferq.domain.jobs import JobSpec
 from inferq.exceptions import InvalidRequest, ModelNotFound
+from inferq.wire.compat import Lenient
 from inferq.wire.embeddings import (
     EmbeddingBody,
     PreparedEmbedding,
@@ -45,10 +46,8 @@ MAX_JSON_DEPTH = sys.getrecursionlimit()
 MAX_CUSTOM_ID_CHARS = 512
 
 
-class BatchLine(BaseModel):
-    """One input line: OpenAI's request envelope."""
-
-    model_config = ConfigDict(extra="forbid")
+class BatchLine(Lenient):
+    """One input line: OpenAI's request envelope (other fields ignored, as its body's)."""
 
     custom_id: str = Field(min_length=1, max_length=MAX_CUSTOM_ID_CHARS)
     method: Literal["POST"]

@@ -14,6 +14,8 @@ class _Tokenizer(Protocol):  # the slice of a Hugging Face tokenizer used here
 
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 
+    def decode(self, token_ids: list[int]) -> str: ...
+
     def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
 
     def __len__(self) -> int: ...
@@ -104,6 +106,13 @@ class PromptRenderer:
                 tokenize=False,
             )
         return str(text)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of token ids, as the engine would detokenize them."""
+        if self._backend is not None:
+            return str(self._backend.decode(list(token_ids), skip_special_tokens=False))
+        with self._lock:
+            return self._tokenizer.decode(list(token_ids))
 
     def encode_many(self, texts: Sequence[str], *, add_special_tokens: bool) -> list[list[int]]:
         """Token ids of many texts at once (the Rust tokenizer spreads them over cores)."""

@@ -230,6 +230,7 @@ def _sampling(body: ResponsesBody) -> SamplingFields:
         response_format=response_format,
         tools=tools,
         tool_choice=choice,
+        parallel_tool_calls=body.parallel_tool_calls,
     )
 
 

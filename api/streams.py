@@ -37,7 +37,13 @@ def _json(data: Mapping[str, Any]) -> str:
 
 
 async def openai_chunks(
-    followed: Followed, *, job: Job, chat: bool, model: str, include_usage: bool
+    followed: Followed,
+    *,
+    job: Job,
+    chat: bool,
+    model: str,
+    include_usage: bool,
+    service_tier: str | None = None,
 ) -> AsyncIterator[str]:
     """A job's output as `chat.completion.chunk`s (the role first, sent with the first
     output) or streamed `text_completion`s, one choice a chunk, the finish reason on each
@@ -58,6 +64,7 @@ async def openai_chunks(
                 choices=choices,
                 with_usage=include_usage,
                 usage_=usage_,
+                service_tier=service_tier,
             )
         )
 

@@ -21,7 +21,7 @@ from api.submission import Submission
 from api.token_follower import TokenFollower
 from inferq.constants import JOB_ID_HEADER
 from inferq.domain.api_keys import Principal
-from inferq.domain.jobs import Job, JobSpec
+from inferq.domain.jobs import Job, JobSpec, ServiceTier
 from inferq.exceptions import InvalidRequest
 from inferq.wire.model_catalog import CatalogModel
 from inferq.wire.openai_bodies import ChatBody, CompletionBody, prepare_body, prepare_prompts
@@ -98,14 +98,21 @@ async def _complete(
     async def read(job_id: str) -> Job:
         return await following.read((job_id, scope))
 
+    tier = ServiceTier.asked(body.service_tier)
     if not body.stream:
         job = await submission.run(principal, spec, read=read, request=request, announced=True)
-        return JSONResponse(_completion(job, chat=chat), headers={JOB_ID_HEADER: job.id})
+        answer = _completion(job, chat=chat, tier=tier)
+        return JSONResponse(answer, headers={JOB_ID_HEADER: job.id})
     job = await submission.submit(principal, spec)
     followed = following.follower.follow(job, read=read, held=holds_output(job, chat=chat))
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     chunks = openai_chunks(
-        followed, job=job, chat=chat, model=job.model, include_usage=include_usage
+        followed,
+        job=job,
+        chat=chat,
+        model=job.model,
+        include_usage=include_usage,
+        service_tier=tier,
     )
     hangup = functools.partial(submission.cancel_abandoned, job.id, scope=scope)
     return event_stream(chunks, on_hangup=hangup, headers={JOB_ID_HEADER: job.id})
@@ -133,7 +140,8 @@ async def _complete_many(
 
     jobs = await submission.run_many(principal, specs, read=read, request=request)
     n = body.n
-    bodies = [_completion(job, chat=False) for job in jobs]
+    tier = ServiceTier.asked(body.service_tier)
+    bodies = [_completion(job, chat=False, tier=tier) for job in jobs]
     merged = bodies[0]
     merged["choices"] = [
         {**choice, "index": i * n + choice["index"]}
@@ -150,8 +158,9 @@ async def _complete_many(
 def _specs(body: CompletionBody, model: CatalogModel) -> list[JobSpec]:
     validator = model.validator
     prepared = prepare_prompts(validator, body)
+    priority = ServiceTier.asked(body.service_tier).priority
     return [
-        validator.finish(each, token_ids)
+        dataclasses.replace(validator.finish(each, token_ids), priority=priority)
         for each, token_ids in zip(prepared, validator.encode(prepared), strict=True)
     ]
 
@@ -160,10 +169,12 @@ def _spec(body: ChatBody | CompletionBody, model: CatalogModel) -> JobSpec:
     validator = model.validator
     prepared = prepare_body(validator, body)
     [token_ids] = validator.encode([prepared])
-    return dataclasses.replace(validator.finish(prepared, token_ids), stream=body.stream)
+    spec = validator.finish(prepared, token_ids)
+    priority = ServiceTier.asked(body.service_tier).priority
+    return dataclasses.replace(spec, stream=body.stream, priority=priority)
 
 
-def _completion(job: Job, *, chat: bool) -> dict[str, Any]:
+def _completion(job: Job, *, chat: bool, tier: ServiceTier) -> dict[str, Any]:
     """The completion an ended job answers with; a cancelled or failed one raises."""
     if error := ended_error(job.id, job.status, job.error):
         raise error
@@ -176,4 +187,5 @@ def _completion(job: Job, *, chat: bool) -> dict[str, Any]:
         choices=[c.to_dict() for c in job.result.choices],
         prompt_tokens=job.prompt_tokens,
         completion_tokens=job.result.completion_tokens,
+        service_tier=tier,
     )

@@ -143,6 +143,36 @@ def is_interactive(engine_priority: int) -> bool:
     return engine_priority < _BULK_PRIORITY_OFFSET
 
 
+class ServiceTier(enum.StrEnum):
+    """How an online request is scheduled (OpenAI's `service_tier`); `auto` runs as
+    `default`."""
+
+    DEFAULT = "default"
+    """As a single job: ahead of batch lines."""
+    PRIORITY = "priority"
+    """Ahead of every other single job."""
+    FLEX = "flex"
+    """As batch lines run in the engine: behind every single job, preempted first."""
+
+    @classmethod
+    def asked(cls, tier: str | None) -> ServiceTier:
+        """The tier a request's `service_tier` runs at (None and `auto`: the default)."""
+        return cls.DEFAULT if tier in (None, "auto") else cls(tier)
+
+    @property
+    def priority(self) -> int:
+        """The job priority the tier runs at: `priority` before the most urgent a client
+        may ask for (0), `flex` at the engine priority of batch lines."""
+        return _TIER_PRIORITIES[self]
+
+
+_TIER_PRIORITIES = {
+    ServiceTier.DEFAULT: 0,
+    ServiceTier.PRIORITY: -1,
+    ServiceTier.FLEX: _BULK_PRIORITY_OFFSET,
+}
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
     """A validated request, ready to be written: the prompt is already tokenized."""

@@ -187,7 +187,11 @@ class ResponsesBody(SamplerFields, Lenient):
     reasoning: dict[str, Any] | None = ignored(
         "the chat template is rendered without a reasoning effort."
     )
-    service_tier: Literal["auto", "default"] | None = None
+    service_tier: Literal["auto", "default", "flex", "priority"] | None = Field(
+        None,
+        description="`priority` runs ahead of other single jobs; `flex` as batch work "
+        "does, behind every single job; `auto` and `default` as a single job.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

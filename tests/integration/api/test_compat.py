@@ -151,3 +151,31 @@ def test_what_cannot_be_honoured_is_a_422_naming_the_field(
     assert isinstance(error, dict)
     assert error["param"] == param
     assert message in error["message"]
+
+
+def test_the_answer_says_which_service_tier_ran(stack: Stack) -> None:
+    client = client_for(stack)
+    tiers = {
+        tier: client.chat.completions.create(
+            **GREEDY,
+            messages=CHAT,  # type: ignore[arg-type]
+            service_tier=tier,  # type: ignore[arg-type]
+        )
+        for tier in ("auto", "default", "flex", "priority")
+    }
+    assert {asked: c.service_tier for asked, c in tiers.items()} == {
+        "auto": "default",
+        "default": "default",
+        "flex": "flex",
+        "priority": "priority",
+    }
+    # Each ran: the tier orders the work, it does not change the output.
+    assert len({c.choices[0].message.content for c in tiers.values()}) == 1
+    streamed = client.completions.create(
+        **GREEDY, prompt="The sea", stream=True, extra_body={"service_tier": "flex"}
+    )
+    assert {getattr(chunk, "service_tier", None) for chunk in streamed} == {"flex"}
+    response = client.responses.create(
+        model=MODEL_NAME, input="The sea", max_output_tokens=4, service_tier="priority"
+    )
+    assert response.service_tier == "priority"

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from api.schemas import JobCreate
 from inferq.wire.batch_lines import BatchLine
 from inferq.wire.compat import IGNORED, REFUSED_VALUES, compat_of
+from inferq.wire.embeddings import EmbeddingBody
 from inferq.wire.openai_bodies import ChatBody, CompletionBody
 from inferq.wire.response_bodies import ResponsesBody
 
@@ -20,6 +21,7 @@ ENDPOINTS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("/v1/chat/completions", ChatBody),
     ("/v1/completions", CompletionBody),
     ("/v1/responses", ResponsesBody),
+    ("/v1/embeddings", EmbeddingBody),
     ("/v1/jobs", JobCreate),
     ("A batch file's line", BatchLine),
 )
@@ -67,6 +69,10 @@ DIFFERENCES: dict[type[BaseModel], dict[str, str]] = {
         "store": "Honoured: a stored response is read back by its id.",
         "metadata": "Kept and echoed in the response, as OpenAI's.",
         "service_tier": "As on chat completions.",
+    },
+    EmbeddingBody: {
+        "messages": "vLLM's server embeds a chat rendered with the template; inferq refuses it.",
+        "model": "Optional when one embedding model is served.",
     },
     JobCreate: {
         "priority": "inferq's own: 0 to 9 among your single jobs.",

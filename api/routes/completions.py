@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
 from fastapi import APIRouter, Request, Response
@@ -16,16 +17,15 @@ from fastapi.responses import JSONResponse
 
 from api.deps import FollowerDep, PrincipalDep, ReadDep, Reads, SubmissionDep
 from api.errors import ended_error, error_responses
-from api.streams import event_stream, holds_output, openai_chunks
+from api.streams import event_stream, holds_output, joined_chunks, openai_chunks
 from api.submission import Submission
 from api.token_follower import TokenFollower
 from inferq.constants import JOB_ID_HEADER
 from inferq.domain.api_keys import Principal
 from inferq.domain.jobs import Job, JobSpec, ServiceTier
-from inferq.exceptions import InvalidRequest
 from inferq.wire.model_catalog import CatalogModel
 from inferq.wire.openai_bodies import ChatBody, CompletionBody, prepare_body, prepare_prompts
-from inferq.wire.openai_format import completion_body, usage
+from inferq.wire.openai_format import completion_body, completion_id, usage
 
 router = APIRouter(prefix="/v1", tags=["completions"], responses=error_responses(401, 429, 503))
 
@@ -70,7 +70,9 @@ async def completions(
     prompts = body.prompts()
     chars = sum(len(prompt) for prompt in prompts)
     if len(prompts) > 1:
-        return await _complete_many(body, chars, submission, read, principal, request)
+        return await _complete_many(
+            body, chars, following=following, principal=principal, request=request
+        )
     return await _complete(
         body, chars, chat=False, following=following, principal=principal, request=request
     )
@@ -121,26 +123,25 @@ async def _complete(
 async def _complete_many(
     body: CompletionBody,
     prompt_chars: int,
-    submission: Submission,
-    reads: Reads,
+    *,
+    following: _Following,
     principal: Principal,
     request: Request,
 ) -> Response:
-    """A completion of several prompts: a job each, answered together once all have ended."""
-    if body.stream:
-        raise InvalidRequest(
-            "stream with several prompts is not supported: send one request per prompt",
-            param="stream",
-        )
+    """A completion of several prompts: a job each, answered together once all have
+    ended, or streamed one after another."""
+    submission, reads = following.submission, following.read
     specs = await submission.checked(body.model, prompt_chars, functools.partial(_specs, body))
     scope = principal.scope
+    n = body.n
+    tier = ServiceTier.asked(body.service_tier)
 
     async def read(job_id: str) -> Job:
         return await reads((job_id, scope))
 
-    jobs = await submission.run_many(principal, specs, read=read, request=request)
-    n = body.n
-    tier = ServiceTier.asked(body.service_tier)
+    if body.stream:
+        return await _stream_many(body, specs, following, principal=principal, read=read)
+    jobs = await following.submission.run_many(principal, specs, read=read, request=request)
     bodies = [_completion(job, chat=False, tier=tier) for job in jobs]
     merged = bodies[0]
     merged["choices"] = [
@@ -153,6 +154,41 @@ async def _complete_many(
         sum(each["usage"]["completion_tokens"] for each in bodies),
     )
     return JSONResponse(merged, headers={JOB_ID_HEADER: ",".join(job.id for job in jobs)})
+
+
+async def _stream_many(
+    body: CompletionBody,
+    specs: list[JobSpec],
+    following: _Following,
+    *,
+    principal: Principal,
+    read: Callable[[str], Awaitable[Job]],
+) -> Response:
+    submission = following.submission
+    jobs = [
+        await submission.submit(principal, dataclasses.replace(spec, stream=True)) for spec in specs
+    ]
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    tier = ServiceTier.asked(body.service_tier)
+    streams = [
+        openai_chunks(
+            following.follower.follow(job, read=read),
+            job=job,
+            chat=False,
+            model=job.model,
+            include_usage=include_usage,
+            service_tier=tier,
+        )
+        for job in jobs
+    ]
+    chunks = joined_chunks(streams, completion_id=completion_id(jobs[0].id, chat=False), n=body.n)
+
+    async def hangup() -> None:
+        for job in jobs:
+            await submission.cancel_abandoned(job.id, scope=principal.scope)
+
+    ids = ",".join(job.id for job in jobs)
+    return event_stream(chunks, on_hangup=hangup, headers={JOB_ID_HEADER: ids})
 
 
 def _specs(body: CompletionBody, model: CatalogModel) -> list[JobSpec]:

@@ -58,8 +58,8 @@ DIFFERENCES: dict[type[BaseModel], dict[str, str]] = {
         "structured_outputs": _SERVE_SAMPLING,
     },
     CompletionBody: {
-        "prompt": "A list of several prompts cannot be streamed here (send one request per "
-        "prompt), and a batch line takes one prompt; OpenAI and vLLM's server take both.",
+        "prompt": "Streamed, several prompts come one after another (not interleaved); a "
+        "batch line takes one prompt, where OpenAI's take several.",
         "echo": "The prompt is detokenized from its token ids (special tokens left out "
         "unless `skip_special_tokens` is false); it cannot be combined with `logprobs`, "
         "which vLLM's server answers with the prompt's logprobs too.",

@@ -85,6 +85,20 @@ def test_a_list_of_prompts_gets_one_choice_per_prompt_in_order(
     sampled = client.completions.create(**{**GREEDY, "temperature": 1}, prompt=prompts, n=2)
 
     assert [c.text for c in listed.choices] == alone
+    streamed = list(
+        client.completions.create(
+            **GREEDY, prompt=prompts, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    texts = ["", ""]
+    for chunk in streamed:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+    assert texts == alone
+    assert len({chunk.id for chunk in streamed}) == 1
+    assert streamed[-1].usage is not None
+    assert listed.usage is not None
+    assert streamed[-1].usage.completion_tokens == listed.usage.completion_tokens
     assert [c.index for c in listed.choices] == [0, 1]
     assert [c.index for c in sampled.choices] == [0, 1, 2, 3]
     assert [c.text for c in as_ids.choices] == alone

@@ -82,12 +82,11 @@ class SamplingParams:
 
     def to_dict(self) -> dict[str, Any]:
         # Not `dataclasses.asdict`: its deep copy is most of the cost of storing a batch line.
-        data = {f.name: getattr(self, f.name) for f in _STORED_ALWAYS}
+        data = {name: getattr(self, name) for name in _STORED_ALWAYS}
         data["stop"] = list(self.stop)
-        for f in _STORED_WHEN_SET:
-            value = getattr(self, f.name)
-            if value != f.default:
-                data[f.name] = list(value) if isinstance(value, tuple) else value
+        for name, default in _STORED_WHEN_SET:
+            if (value := getattr(self, name)) != default:
+                data[name] = list(value) if isinstance(value, tuple) else value
         if self.logit_bias is not None:  # JSON keys are text
             data["logit_bias"] = {str(k): v for k, v in self.logit_bias.items()}
         return data
@@ -120,8 +119,8 @@ _WHEN_SET = frozenset(
         "echo",
     }
 )
-_STORED_ALWAYS = tuple(f for f in _SAMPLING_FIELDS if f.name not in _WHEN_SET)
-_STORED_WHEN_SET = tuple(f for f in _SAMPLING_FIELDS if f.name in _WHEN_SET)
+_STORED_ALWAYS = tuple(f.name for f in _SAMPLING_FIELDS if f.name not in _WHEN_SET)
+_STORED_WHEN_SET = tuple((f.name, f.default) for f in _SAMPLING_FIELDS if f.name in _WHEN_SET)
 _TUPLES = ("allowed_token_ids", "bad_words", "stop_token_ids")
 
 

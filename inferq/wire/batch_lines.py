@@ -169,6 +169,10 @@ class BatchLineReader:
             check_storable(envelope.custom_id, "custom_id")
             validator = self._models.get(body.model).validator
             if isinstance(body, ResponsesBody):
+                if body.service_tier is not None:
+                    # Every line runs as batch work, whatever tier it names: its response
+                    # says the default one, as OpenAI's batch output does.
+                    body = body.model_copy(update={"service_tier": None})
                 request = prepare_response(validator, body)
             else:
                 request = prepare_body(validator, body)

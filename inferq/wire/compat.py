@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -68,33 +68,26 @@ class Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     _known: ClassVar[frozenset[str]] = frozenset()
-    _ignored: ClassVar[tuple[str, ...]] = ()
+    _ignored: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         super().__pydantic_init_subclass__(**kwargs)
         fields = cls.model_fields
         cls._known = frozenset(fields) | {f.alias for f in fields.values() if f.alias}
-        cls._ignored = tuple(
-            name
+        cls._ignored = frozenset(
+            f.alias or name
             for name, f in fields.items()
-            if isinstance(f.json_schema_extra, dict)
-            and f.json_schema_extra.get(COMPAT_KEY) == IGNORED
+            if compat_of(f.json_schema_extra) == IGNORED
         )
 
     @model_validator(mode="before")
     @classmethod
-    def _note_unknown(cls, data: Any) -> Any:
+    def _note_ignored(cls, data: Any) -> Any:
+        # Set operations on the keys alone: this runs for every message of every request.
         if isinstance(data, dict):
-            unknown = [key for key in data if key not in cls._known]
-            if unknown:
-                note_ignored(unknown)
+            unknown = data.keys() - cls._known
+            declared = data.keys() & cls._ignored
+            if unknown or declared:
+                note_ignored([*unknown, *(k for k in declared if data[k] is not None)])
         return data
-
-    @model_validator(mode="after")
-    def _note_declared(self) -> Self:
-        if self._ignored:
-            sent = self.model_fields_set
-            if any(name in sent for name in self._ignored):
-                note_ignored(name for name in self._ignored if name in sent)
-        return self

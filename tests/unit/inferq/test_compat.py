@@ -240,3 +240,19 @@ def test_a_batch_line_ignores_unknown_fields_too(
     assert isinstance(spec, LineSpec)
     assert spec.custom_id == "r1"
     assert sorted(_ignored_names(caplog)) == ["store", "x_vendor"]
+
+
+def test_a_batch_line_runs_as_batch_work_whatever_tier_it_names(renderer: PromptRenderer) -> None:
+    models = ModelCatalog(
+        FixedModels([served(runner="generate")]), limits=LIMITS, load=lambda _info: renderer
+    )
+    line = {
+        "custom_id": "r1",
+        "method": "POST",
+        "url": "/v1/responses",
+        "body": {"model": "writer", "input": "hi", "service_tier": "priority"},
+    }
+    [spec] = BatchLineReader(models, endpoint="/v1/responses").read([json.dumps(line).encode()])
+    assert isinstance(spec, LineSpec)
+    assert spec.spec.response is not None
+    assert spec.spec.response["service_tier"] == "default"

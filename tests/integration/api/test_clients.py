@@ -1,6 +1,7 @@
 """Client libraries built on OpenAI's API, unchanged, against the real stack: LangChain's
 `ChatOpenAI` plain, streamed, batched, with a forced tool call made once, and with
-structured output parsed into a pydantic model."""
+structured output parsed into a pydantic model; pydantic-ai's agent with its model
+settings (`parallel_tool_calls`, `logit_bias`) and a structured output."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ from typing import Literal
 import pytest
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
+from pydantic_ai import Agent
+from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.openai import OpenAIProvider
+from pydantic_ai.settings import ModelSettings
 
 from tests.conftest import ADMIN_KEY, MODEL_NAME, Stack
 
@@ -69,3 +74,18 @@ def test_langchain_tools_without_parallel_calls_and_structured_output(stack: Sta
     structured = model.with_structured_output(Sentiment)
     feeling = structured.invoke("I love the sea.")
     assert isinstance(feeling, Sentiment)
+
+
+def test_pydantic_ai_runs_with_its_model_settings_and_a_structured_output(stack: Stack) -> None:
+    provider = OpenAIProvider(base_url=stack.url + "/v1", api_key=ADMIN_KEY)
+    model = OpenAIChatModel(MODEL_NAME, provider=provider)
+    settings = ModelSettings(
+        max_tokens=8, temperature=0, parallel_tool_calls=False, logit_bias={"4": -100}
+    )
+    plain = Agent(model, model_settings=settings).run_sync(QUESTION)
+    assert isinstance(plain.output, str)
+    assert plain.usage.output_tokens == 8  # end of sequence ruled out
+
+    sampled = ModelSettings(max_tokens=400, seed=2, parallel_tool_calls=False)
+    feeling = Agent(model, output_type=Sentiment, model_settings=sampled).run_sync("I love it.")
+    assert isinstance(feeling.output, Sentiment)

@@ -19,6 +19,7 @@ from pydantic import (
 
 from inferq.domain.jobs import MAX_PRIORITY, JobSpec, SamplingParams
 from inferq.exceptions import InvalidRequest
+from inferq.wire.compat import refusing
 from inferq.wire.messages import ChatMessage
 from inferq.wire.prompts import PromptRenderer
 from inferq.wire.structured import OutputFields, OutputPlan, plan
@@ -154,6 +155,29 @@ class SamplingBase(SamplerFields, OutputFields):
     bad_words: list[Annotated[str, Field(min_length=1)]] | None = Field(
         None, max_length=MAX_TOKEN_LIST, description="vLLM's: words that must not be generated."
     )
+    truncate_prompt_tokens: int | None = Field(
+        None, ge=1, description="vLLM's: keep only the prompt's last this many tokens."
+    )
+    use_beam_search: bool = refusing(
+        "vLLM's: refused when true (beam search is not served).", False
+    )
+    prompt_logprobs: int | None = refusing(
+        "vLLM's: refused (the prompt's logprobs are not returned here).", None
+    )
+
+    @field_validator("use_beam_search")
+    @classmethod
+    def _no_beam_search(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("beam search is not supported here: sample instead (n, seed)")
+        return value
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _no_prompt_logprobs(cls, value: int | None) -> int | None:
+        if value is not None:
+            raise ValueError("the prompt's logprobs are not returned here: leave it out")
+        return value
 
 
 class SamplingFields(SamplingBase):
@@ -326,6 +350,8 @@ class JobValidator:
     def finish(self, prepared: PreparedRequest, token_ids: list[int]) -> JobSpec:
         """The `JobSpec`, once the prompt is tokenized and fits the context."""
         sampling = prepared.sampling
+        if sampling.truncate_prompt_tokens is not None:  # vLLM keeps the end
+            token_ids = token_ids[-sampling.truncate_prompt_tokens :]
         prompt_param = "messages" if prepared.messages is not None else "prompt"
         max_tokens = self._max_tokens(len(token_ids), sampling.max_tokens, prompt_param)
         if sampling.min_tokens > max_tokens:

@@ -256,3 +256,26 @@ def test_a_batch_line_runs_as_batch_work_whatever_tier_it_names(renderer: Prompt
     assert isinstance(spec, LineSpec)
     assert spec.spec.response is not None
     assert spec.spec.response["service_tier"] == "default"
+
+
+def test_a_prompt_is_truncated_to_its_last_tokens_when_asked(validator: JobValidator) -> None:
+    body = CompletionBody.model_validate(
+        {"model": "tiny", "prompt": "the sea and the sky", "truncate_prompt_tokens": 3}
+    )
+    [whole] = prepare_prompts(validator, body)
+    ids = validator.encode([whole])[0]
+    assert list(validator.finish(whole, ids).prompt_token_ids) == ids[-3:]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [("use_beam_search", True, "beam search"), ("prompt_logprobs", 1, "prompt's logprobs")],
+)
+def test_vllm_fields_that_cannot_be_honoured_are_refused(
+    field: str, value: object, message: str
+) -> None:
+    with pytest.raises(ValidationError) as caught:
+        ChatBody.model_validate({"model": "tiny", "messages": CHAT, field: value})
+    [error] = caught.value.errors()
+    assert error["loc"] == (field,)
+    assert message in error["msg"]

@@ -52,6 +52,10 @@ DIFFERENCES: dict[type[BaseModel], dict[str, str]] = {
         "allowed_token_ids": _SERVE_SAMPLING,
         "bad_words": _SERVE_SAMPLING,
         "truncate_prompt_tokens": _SERVE_SAMPLING,
+        "add_generation_prompt": _SERVE_SAMPLING,
+        "continue_final_message": _SERVE_SAMPLING,
+        "chat_template_kwargs": "vLLM's server takes it too; the names inferq sets itself "
+        "(`tools`, `add_generation_prompt`, ...) are refused there.",
         "use_beam_search": "vLLM's server runs beam search; inferq refuses it.",
         "prompt_logprobs": "vLLM's server returns the prompt's logprobs; inferq refuses it.",
         "top_k": _SERVE_SAMPLING,

@@ -20,6 +20,20 @@ from inferq.wire.validation import (
 )
 
 _SAMPLING_NAMES = set(SamplingBase.model_fields)
+# What the chat template is called with by inferq itself, not by `chat_template_kwargs`.
+_TEMPLATE_NAMES = frozenset(
+    {
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "tokenize",
+        "return_dict",
+        "return_tensors",
+        "add_generation_prompt",
+        "continue_final_message",
+    }
+)
 
 
 ServiceTier = Literal["auto", "default", "flex", "priority"]
@@ -68,9 +82,45 @@ class ChatBody(_OpenAIBody):
     modalities: list[str] | None = refusing(
         'Only `["text"]`: the model answers in text (audio output is refused).'
     )
+    add_generation_prompt: bool = Field(
+        True, description="vLLM's: end the prompt with the assistant's turn opening."
+    )
+    continue_final_message: bool = Field(
+        False,
+        description="vLLM's: the last message (the assistant's) is continued, not closed; "
+        "needs `add_generation_prompt` false.",
+    )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="vLLM's: more variables for the model's chat template."
+    )
     reasoning_effort: str | None = ignored(
         "the chat template is rendered without it (a model that does not reason has no use for it)."
     )
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _own_names(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        taken = sorted((value or {}).keys() & _TEMPLATE_NAMES)
+        if taken:
+            raise ValueError(f"{', '.join(taken)} cannot be set here: these are the request's")
+        return value
+
+    @model_validator(mode="after")
+    def _one_ending(self) -> Self:
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError(
+                "continue_final_message needs add_generation_prompt false: the last message "
+                "is continued, so no new turn opens"
+            )
+        return self
+
+    def template_options(self) -> dict[str, Any]:
+        """What the chat template is rendered with besides the messages and tools."""
+        return {
+            **(self.chat_template_kwargs or {}),
+            "add_generation_prompt": self.add_generation_prompt,
+            "continue_final_message": self.continue_final_message,
+        }
 
     @field_validator("modalities")
     @classmethod
@@ -152,6 +202,7 @@ def prepare_body(validator: JobValidator, body: ChatBody | CompletionBody) -> Pr
             messages=body.messages,
             sampling=SamplingFields(**common, logprobs=logprobs),
             metadata={},
+            template=body.template_options(),
         )
     raise AssertionError("unreachable")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from inferq.exceptions import InvalidRequest
@@ -41,6 +41,14 @@ def preload() -> None:
     and the first request, which loads that model's tokenizer, waited for this import
     (3.6 s of a first batch file's creation, bench/RESULTS.md)."""
     _transformers()
+
+
+def _template_errors() -> tuple[type[Exception], ...]:
+    """What a chat template raises for messages it refuses (its `raise_exception`, or a
+    `continue_final_message` without a final message to continue)."""
+    import jinja2  # comes with transformers
+
+    return (jinja2.TemplateError, ValueError)
 
 
 class PromptRenderer:
@@ -89,22 +97,35 @@ class PromptRenderer:
             return self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def chat_text(
-        self, messages: Sequence[dict[str, Any]], *, tools: Sequence[dict[str, Any]] | None = None
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> str:
         """Chat messages (and the tools the model may call, in OpenAI's shape) rendered
-        with the chat template (not yet tokenized)."""
+        with the chat template (not yet tokenized); `options` are the template's own
+        (vLLM's `add_generation_prompt`, `continue_final_message`, `chat_template_kwargs`).
+        A template that refuses the messages is an `InvalidRequest`."""
         if not self.has_chat_template:
             raise InvalidRequest(
                 "this model has no chat template: send `prompt` instead of `messages`",
                 param="messages",
             )
+        asked = {"add_generation_prompt": True, **(options or {})}
         with self._lock:  # jinja rendering inside transformers is not documented thread-safe
-            text = self._tokenizer.apply_chat_template(
-                list(messages),
-                tools=None if tools is None else list(tools),
-                add_generation_prompt=True,
-                tokenize=False,
-            )
+            try:
+                text = self._tokenizer.apply_chat_template(
+                    list(messages),
+                    tools=None if tools is None else list(tools),
+                    tokenize=False,
+                    **asked,
+                )
+            except _template_errors() as exc:
+                raise InvalidRequest(
+                    f"the model's chat template refused these messages: {exc}",
+                    param="messages",
+                ) from exc
         return str(text)
 
     def decode(self, token_ids: Sequence[int]) -> str:

@@ -5,7 +5,7 @@ Shared by the API's `/v1/jobs` and, through the same validator, by batch-file li
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -255,8 +255,10 @@ class JobValidator:
         messages: list[ChatMessage] | None,
         sampling: SamplingFields,
         metadata: dict[str, Any],
+        template: Mapping[str, Any] | None = None,
     ) -> PreparedRequest:
-        """Every check but the context length, which needs the token count."""
+        """Every check but the context length, which needs the token count; `template`:
+        options for the chat template (`PromptRenderer.chat_text`)."""
         if model is not None and model != self.model_name:
             raise InvalidRequest(
                 f"model {model!r} is not served here; this deployment serves {self.model_name!r}",
@@ -297,7 +299,9 @@ class JobValidator:
             return PreparedRequest(
                 prompt=None,
                 messages=template_messages,
-                text=self._renderer.chat_text(template_messages, tools=output.tools),
+                text=self._renderer.chat_text(
+                    template_messages, tools=output.tools, options=template
+                ),
                 add_special_tokens=False,
                 sampling=sampling,
                 metadata=metadata,

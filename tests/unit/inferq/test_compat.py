@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -279,3 +280,47 @@ def test_vllm_fields_that_cannot_be_honoured_are_refused(
     [error] = caught.value.errors()
     assert error["loc"] == (field,)
     assert message in error["msg"]
+
+
+def test_the_chat_template_takes_vllms_options(validator: JobValidator) -> None:
+    def text(**options: Any) -> str:
+        body = ChatBody.model_validate(
+            {
+                "model": "tiny",
+                "messages": [*CHAT, {"role": "assistant", "content": "Once upon"}],
+                **options,
+            }
+        )
+        return prepare_body(validator, body).text
+
+    opened = text()
+    continued = text(add_generation_prompt=False, continue_final_message=True)
+    assert continued.endswith("Once upon")
+    assert not opened.endswith("Once upon")
+    assert opened.startswith(continued.removesuffix("Once upon"))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"continue_final_message": True}, "needs add_generation_prompt false"),
+        ({"chat_template_kwargs": {"tokenize": True}}, "tokenize cannot be set here"),
+    ],
+)
+def test_chat_template_options_that_clash_are_refused(
+    options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValidationError, match=message):
+        ChatBody.model_validate({"model": "tiny", "messages": CHAT, **options})
+
+
+def test_messages_the_chat_template_refuses_are_an_invalid_request(tiny_model: Path) -> None:
+    renderer = PromptRenderer.load(str(tiny_model), max_model_len=None)
+    renderer.use_chat_template(
+        "{% if messages[0].role != 'system' %}"
+        "{{ raise_exception('the first message must be the system prompt') }}{% endif %}"
+    )
+    with pytest.raises(InvalidRequest) as caught:
+        renderer.chat_text(CHAT)
+    assert caught.value.param == "messages"
+    assert "the first message must be the system prompt" in caught.value.message

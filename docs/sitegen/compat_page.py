@@ -37,8 +37,8 @@ DIFFERENCES: dict[type[BaseModel], dict[str, str]] = {
         "every request as a job whatever it says.",
         "metadata": "OpenAI stores it with the completion; here `/v1/jobs` takes its own.",
         "modalities": "OpenAI can answer in audio; vLLM's server ignores the field.",
-        "reasoning_effort": "vLLM's server hands it to reasoning models' chat templates; "
-        "inferq renders the template without it.",
+        "reasoning_effort": "As vLLM's server, for models whose chat template reads it; "
+        "OpenAI's non-reasoning models refuse it.",
         "logit_bias": "Keys are token ids of the served model's tokenizer, as in vLLM; an id "
         "outside its vocabulary is a 422.",
         "parallel_tool_calls": "`false` keeps the first call a choice makes; with "

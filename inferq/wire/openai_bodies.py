@@ -93,8 +93,10 @@ class ChatBody(_OpenAIBody):
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="vLLM's: more variables for the model's chat template."
     )
-    reasoning_effort: str | None = ignored(
-        "the chat template is rendered without it (a model that does not reason has no use for it)."
+    reasoning_effort: str | None = Field(
+        None,
+        description="Handed to the chat template as `reasoning_effort`: a reasoning model's "
+        "template reads it; any other template ignores it.",
     )
 
     @field_validator("chat_template_kwargs")
@@ -116,11 +118,14 @@ class ChatBody(_OpenAIBody):
 
     def template_options(self) -> dict[str, Any]:
         """What the chat template is rendered with besides the messages and tools."""
-        return {
+        options = {
             **(self.chat_template_kwargs or {}),
             "add_generation_prompt": self.add_generation_prompt,
             "continue_final_message": self.continue_final_message,
         }
+        if self.reasoning_effort is not None:
+            options["reasoning_effort"] = self.reasoning_effort
+        return options
 
     @field_validator("modalities")
     @classmethod

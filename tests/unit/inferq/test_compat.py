@@ -71,7 +71,6 @@ def test_unknown_and_meaningless_fields_are_accepted_and_each_logged_once(
         ChatBody.model_validate(body)
     assert sorted(_ignored_names(caplog)) == [
         "metadata",
-        "reasoning_effort",
         "refusal",
         "store",
         "user",
@@ -324,3 +323,18 @@ def test_messages_the_chat_template_refuses_are_an_invalid_request(tiny_model: P
         renderer.chat_text(CHAT)
     assert caught.value.param == "messages"
     assert "the first message must be the system prompt" in caught.value.message
+
+
+def test_reasoning_effort_reaches_a_chat_template_that_reads_it(tiny_model: Path) -> None:
+    renderer = PromptRenderer.load(str(tiny_model), max_model_len=None)
+    renderer.use_chat_template("effort={{ reasoning_effort | default('none') }}")
+    validator = JobValidator(
+        renderer, model_name="tiny", default_max_tokens=16, max_n=4, max_tokens_cap=2048
+    )
+
+    def text(**asked: Any) -> str:
+        body = ChatBody.model_validate({"model": "tiny", "messages": CHAT, **asked})
+        return prepare_body(validator, body).text
+
+    assert text(reasoning_effort="low") == "effort=low"
+    assert text() == "effort=none"

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from inferq.store.base import Page
+from inferq.wire.compat import Lenient
 from inferq.wire.messages import ChatMessage
 from inferq.wire.public import JobPublic
 from inferq.wire.validation import Metadata, Priority, SamplingFields
@@ -18,11 +19,11 @@ JobEvent = Literal["job.succeeded", "job.failed", "job.cancelled"]
 BatchEvent = Literal["batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]
 
 
-class JobCreate(SamplingFields):
+class JobCreate(SamplingFields, Lenient):
     """A generation job: `prompt` for a raw completion, or `messages` for chat."""
 
     model_config = ConfigDict(
-        extra="forbid",
+        extra="ignore",
         json_schema_extra={"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]},
     )
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -37,7 +37,13 @@ def _json(data: Mapping[str, Any]) -> str:
 
 
 async def openai_chunks(
-    followed: Followed, *, job: Job, chat: bool, model: str, include_usage: bool
+    followed: Followed,
+    *,
+    job: Job,
+    chat: bool,
+    model: str,
+    include_usage: bool,
+    service_tier: str | None = None,
 ) -> AsyncIterator[str]:
     """A job's output as `chat.completion.chunk`s (the role first, sent with the first
     output) or streamed `text_completion`s, one choice a chunk, the finish reason on each
@@ -58,6 +64,7 @@ async def openai_chunks(
                 choices=choices,
                 with_usage=include_usage,
                 usage_=usage_,
+                service_tier=service_tier,
             )
         )
 
@@ -90,6 +97,39 @@ async def openai_chunks(
                 yield render([choice])
     except StreamBroken as exc:
         yield _json(error_body(exc.message, type_="server_error", code=exc.code))
+    yield DONE
+
+
+async def joined_chunks(
+    streams: Sequence[AsyncIterator[str]], *, completion_id: str, n: int
+) -> AsyncIterator[str]:
+    """The `openai_chunks` of a completion's prompts (a job each) as one stream, as OpenAI
+    sends several prompts: one id, prompt i's choice j at index i * n + j, one usage chunk
+    (the sum) at the end if asked for, then `[DONE]`. Prompts are sent one after another;
+    an error event ends the stream."""
+    summed: dict[str, int] | None = None
+    for i, events in enumerate(streams):
+        async for event in events:
+            if event == DONE:
+                break
+            data = json.loads(event)
+            if "error" in data:
+                yield event
+                yield DONE
+                return
+            data["id"] = completion_id
+            for choice in data["choices"]:
+                choice["index"] += i * n
+            if data.get("usage") is not None:
+                tokens = data["usage"]
+                summed = usage(
+                    (summed or {}).get("prompt_tokens", 0) + tokens["prompt_tokens"],
+                    (summed or {}).get("completion_tokens", 0) + tokens["completion_tokens"],
+                )
+                continue
+            yield _json(data)
+    if summed is not None:
+        yield _json({**data, "choices": [], "usage": summed})
     yield DONE
 
 

@@ -5,10 +5,12 @@ away."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
@@ -30,6 +32,8 @@ from inferq.store.jobs import NewJob
 from inferq.wire.model_catalog import CatalogModel, ModelCatalog
 
 log = logging.getLogger(__name__)
+
+Built = TypeVar("Built")
 
 # Prompts longer than this are tokenized in a worker thread, not on the event loop.
 INLINE_PROMPT_CHARS = 8192
@@ -59,10 +63,10 @@ class Submission:
         self,
         model: str | None,
         prompt_chars: int,
-        build: Callable[[CatalogModel], JobSpec],
+        build: Callable[[CatalogModel], Built],
         *,
         runner: Runner = "generate",
-    ) -> JobSpec:
+    ) -> Built:
         """`build(model)` for the served model a request named, in a worker thread if the
         prompt is long enough to hold the event loop or the model is not ready in memory
         (learning of it reads Postgres and loads its tokenizer)."""
@@ -131,13 +135,39 @@ class Submission:
         `announced`: a success announced with its result is taken as it was announced,
         not read back (where only the job's status, result and what it was submitted
         with are used)."""
+        return await self._run(
+            principal, spec, read=read, gone=hung_up(request), announced=announced
+        )
+
+    async def run_many(
+        self, principal: Principal, specs: Sequence[JobSpec], *, read: ReadJob, request: Request
+    ) -> list[Job]:
+        """`run` (announced) for the jobs of one request, side by side: a completion of
+        several prompts. A client that hangs up cancels those not ended."""
+        gone = asyncio.ensure_future(hung_up(request))
+        try:
+            runs = (
+                self._run(principal, spec, read=read, gone=asyncio.shield(gone), announced=True)
+                for spec in specs
+            )
+            return list(await asyncio.gather(*runs))
+        finally:
+            gone.cancel()
+
+    async def _run(
+        self,
+        principal: Principal,
+        spec: JobSpec,
+        *,
+        read: ReadJob,
+        gone: Awaitable[None],
+        announced: bool,
+    ) -> Job:
         job_id = new_job_id()
         async with self._waiter.watch(job_id) as woken:
             job = await self.submit(principal, spec, job_id=job_id)
             ended = functools.partial(_succeeded, job) if announced else None
-            job = await self._waiter.wait(
-                woken, job, riding_out(read), gone=hung_up(request), ended=ended
-            )
+            job = await self._waiter.wait(woken, job, riding_out(read), gone=gone, ended=ended)
         if not job.status.is_terminal:
             await self.cancel_abandoned(job.id, scope=principal.scope)
         return job

@@ -2,7 +2,8 @@
 built, so they cannot go stale. `<!-- front-page -->` becomes README.md (its links into the
 docs made relative to them); `<!-- openapi -->` the API reference, from the OpenAPI
 document the API serves; `<!-- error-statuses -->` and `<!-- error-codes -->` the error
-page's tables, from the code (sitegen/); `<!-- bench-results -->` bench/RESULTS.md (less its
+page's tables, from the code (sitegen/); `<!-- compatibility -->` the compatibility page's
+tables, from the request models; `<!-- bench-results -->` bench/RESULTS.md (less its
 title, its links to raw result files as paths)."""
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ def on_page_markdown(markdown: str, **_: Any) -> str:
         "<!-- openapi -->": _api_reference,
         "<!-- error-statuses -->": statuses_markdown,
         "<!-- error-codes -->": error_codes_markdown,
+        "<!-- compatibility -->": _compatibility,
         "<!-- bench-results -->": _results,
     }
     for marker, make in makers.items():
@@ -57,6 +59,12 @@ def _as_path(link: re.Match[str]) -> str:
     if text.strip("`").rstrip("/") in (path, link[2].rstrip("/"), Path(link[2]).name):
         return f"`{path}`"
     return f"{text} (`{path}`)"
+
+
+def _compatibility() -> str:
+    from sitegen.compat_page import compatibility_markdown  # imports the request models
+
+    return compatibility_markdown()
 
 
 def _api_reference() -> str:

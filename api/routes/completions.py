@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
 from fastapi import APIRouter, Request, Response
@@ -16,15 +17,15 @@ from fastapi.responses import JSONResponse
 
 from api.deps import FollowerDep, PrincipalDep, ReadDep, Reads, SubmissionDep
 from api.errors import ended_error, error_responses
-from api.streams import event_stream, holds_output, openai_chunks
+from api.streams import event_stream, holds_output, joined_chunks, openai_chunks
 from api.submission import Submission
 from api.token_follower import TokenFollower
 from inferq.constants import JOB_ID_HEADER
 from inferq.domain.api_keys import Principal
-from inferq.domain.jobs import Job, JobSpec
+from inferq.domain.jobs import Job, JobSpec, ServiceTier
 from inferq.wire.model_catalog import CatalogModel
-from inferq.wire.openai_bodies import ChatBody, CompletionBody, prepare_body
-from inferq.wire.openai_format import completion_body
+from inferq.wire.openai_bodies import ChatBody, CompletionBody, prepare_body, prepare_prompts
+from inferq.wire.openai_format import completion_body, completion_id, usage
 
 router = APIRouter(prefix="/v1", tags=["completions"], responses=error_responses(401, 429, 503))
 
@@ -63,15 +64,17 @@ async def completions(
     principal: PrincipalDep,
     request: Request,
 ) -> Response:
-    """A text completion (OpenAI's shape), answered when it ends or streamed."""
+    """A text completion (OpenAI's shape), answered when it ends or streamed; a list of
+    prompts gets one choice per prompt (`n` each), indexed in order."""
     following = _Following(submission, read, follower)
+    prompts = body.prompts()
+    chars = sum(len(prompt) for prompt in prompts)
+    if len(prompts) > 1:
+        return await _complete_many(
+            body, chars, following=following, principal=principal, request=request
+        )
     return await _complete(
-        body,
-        len(body.prompt),
-        chat=False,
-        following=following,
-        principal=principal,
-        request=request,
+        body, chars, chat=False, following=following, principal=principal, request=request
     )
 
 
@@ -97,27 +100,117 @@ async def _complete(
     async def read(job_id: str) -> Job:
         return await following.read((job_id, scope))
 
+    tier = ServiceTier.asked(body.service_tier)
     if not body.stream:
         job = await submission.run(principal, spec, read=read, request=request, announced=True)
-        return JSONResponse(_completion(job, chat=chat), headers={JOB_ID_HEADER: job.id})
+        answer = _completion(job, chat=chat, tier=tier)
+        return JSONResponse(answer, headers={JOB_ID_HEADER: job.id})
     job = await submission.submit(principal, spec)
     followed = following.follower.follow(job, read=read, held=holds_output(job, chat=chat))
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     chunks = openai_chunks(
-        followed, job=job, chat=chat, model=job.model, include_usage=include_usage
+        followed,
+        job=job,
+        chat=chat,
+        model=job.model,
+        include_usage=include_usage,
+        service_tier=tier,
     )
     hangup = functools.partial(submission.cancel_abandoned, job.id, scope=scope)
     return event_stream(chunks, on_hangup=hangup, headers={JOB_ID_HEADER: job.id})
+
+
+async def _complete_many(
+    body: CompletionBody,
+    prompt_chars: int,
+    *,
+    following: _Following,
+    principal: Principal,
+    request: Request,
+) -> Response:
+    """A completion of several prompts: a job each, answered together once all have
+    ended, or streamed one after another."""
+    submission, reads = following.submission, following.read
+    specs = await submission.checked(body.model, prompt_chars, functools.partial(_specs, body))
+    scope = principal.scope
+    n = body.n
+    tier = ServiceTier.asked(body.service_tier)
+
+    async def read(job_id: str) -> Job:
+        return await reads((job_id, scope))
+
+    if body.stream:
+        return await _stream_many(body, specs, following, principal=principal, read=read)
+    jobs = await following.submission.run_many(principal, specs, read=read, request=request)
+    bodies = [_completion(job, chat=False, tier=tier) for job in jobs]
+    merged = bodies[0]
+    merged["choices"] = [
+        {**choice, "index": i * n + choice["index"]}
+        for i, each in enumerate(bodies)
+        for choice in each["choices"]
+    ]
+    merged["usage"] = usage(
+        sum(each["usage"]["prompt_tokens"] for each in bodies),
+        sum(each["usage"]["completion_tokens"] for each in bodies),
+    )
+    return JSONResponse(merged, headers={JOB_ID_HEADER: ",".join(job.id for job in jobs)})
+
+
+async def _stream_many(
+    body: CompletionBody,
+    specs: list[JobSpec],
+    following: _Following,
+    *,
+    principal: Principal,
+    read: Callable[[str], Awaitable[Job]],
+) -> Response:
+    submission = following.submission
+    jobs = [
+        await submission.submit(principal, dataclasses.replace(spec, stream=True)) for spec in specs
+    ]
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    tier = ServiceTier.asked(body.service_tier)
+    streams = [
+        openai_chunks(
+            following.follower.follow(job, read=read),
+            job=job,
+            chat=False,
+            model=job.model,
+            include_usage=include_usage,
+            service_tier=tier,
+        )
+        for job in jobs
+    ]
+    chunks = joined_chunks(streams, completion_id=completion_id(jobs[0].id, chat=False), n=body.n)
+
+    async def hangup() -> None:
+        for job in jobs:
+            await submission.cancel_abandoned(job.id, scope=principal.scope)
+
+    ids = ",".join(job.id for job in jobs)
+    return event_stream(chunks, on_hangup=hangup, headers={JOB_ID_HEADER: ids})
+
+
+def _specs(body: CompletionBody, model: CatalogModel) -> list[JobSpec]:
+    validator = model.validator
+    prepared = prepare_prompts(validator, body)
+    priority = ServiceTier.asked(body.service_tier).priority
+    return [
+        dataclasses.replace(validator.finish(each, token_ids), priority=priority)
+        for each, token_ids in zip(prepared, validator.encode(prepared), strict=True)
+    ]
 
 
 def _spec(body: ChatBody | CompletionBody, model: CatalogModel) -> JobSpec:
     validator = model.validator
     prepared = prepare_body(validator, body)
     [token_ids] = validator.encode([prepared])
-    return dataclasses.replace(validator.finish(prepared, token_ids), stream=body.stream)
+    spec = validator.finish(prepared, token_ids)
+    priority = ServiceTier.asked(body.service_tier).priority
+    return dataclasses.replace(spec, stream=body.stream, priority=priority)
 
 
-def _completion(job: Job, *, chat: bool) -> dict[str, Any]:
+def _completion(job: Job, *, chat: bool, tier: ServiceTier) -> dict[str, Any]:
     """The completion an ended job answers with; a cancelled or failed one raises."""
     if error := ended_error(job.id, job.status, job.error):
         raise error
@@ -130,4 +223,5 @@ def _completion(job: Job, *, chat: bool) -> dict[str, Any]:
         choices=[c.to_dict() for c in job.result.choices],
         prompt_tokens=job.prompt_tokens,
         completion_tokens=job.result.completion_tokens,
+        service_tier=tier,
     )

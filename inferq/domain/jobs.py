@@ -51,11 +51,23 @@ class SamplingParams:
     n: int = 1
     logprobs: int | None = None
     ignore_eos: bool = False
+    # vLLM's further sampling fields, stored only when set (`to_dict`).
+    min_tokens: int = 0
+    logit_bias: Mapping[int, float] | None = None
+    allowed_token_ids: tuple[int, ...] | None = None
+    bad_words: tuple[str, ...] | None = None
+    stop_token_ids: tuple[int, ...] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    # A completion's text starts with its prompt (OpenAI's `echo`).
+    echo: bool = False
     # What the output must match, in vLLM's StructuredOutputsParams terms: one of `json`
     # (a schema), `json_object`, `regex`, `choice` or `grammar` (`inferq.wire.structured`).
     structured: Mapping[str, Any] | None = None
     # How to read tool calls out of the output: {"type": "auto"} (the tool-call parser),
-    # {"type": "required"} (a JSON array of calls) or {"type": "function", "name": ...}
+    # {"type": "required"} (a JSON array of calls) or {"type": "function", "name": ...};
+    # with `"parallel": False` (`parallel_tool_calls: false`) only the first call is kept.
     # (the output is that function's arguments). None: the output is text.
     tool_choice: Mapping[str, Any] | None = None
     # An embedding job (runner `pooling`): {"input_lengths": [...], "dimensions": int | None,
@@ -70,19 +82,46 @@ class SamplingParams:
 
     def to_dict(self) -> dict[str, Any]:
         # Not `dataclasses.asdict`: its deep copy is most of the cost of storing a batch line.
-        data = {f.name: getattr(self, f.name) for f in _SAMPLING_FIELDS}
+        data = {name: getattr(self, name) for name in _STORED_ALWAYS}
         data["stop"] = list(self.stop)
+        for name, default in _STORED_WHEN_SET:
+            if (value := getattr(self, name)) != default:
+                data[name] = list(value) if isinstance(value, tuple) else value
+        if self.logit_bias is not None:  # JSON keys are text
+            data["logit_bias"] = {str(k): v for k, v in self.logit_bias.items()}
         return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SamplingParams:
         values = {k: v for k, v in data.items() if k in _SAMPLING_NAMES}
         values["stop"] = tuple(values.get("stop") or ())
+        for name in _TUPLES:
+            if values.get(name) is not None:
+                values[name] = tuple(values[name])
+        if values.get("logit_bias") is not None:
+            values["logit_bias"] = {int(k): v for k, v in values["logit_bias"].items()}
         return cls(**values)
 
 
 _SAMPLING_FIELDS = dataclasses.fields(SamplingParams)
 _SAMPLING_NAMES = frozenset(f.name for f in _SAMPLING_FIELDS)
+# Rarely set: left out of a stored job unless they differ from the default.
+_WHEN_SET = frozenset(
+    {
+        "min_tokens",
+        "logit_bias",
+        "allowed_token_ids",
+        "bad_words",
+        "stop_token_ids",
+        "include_stop_str_in_output",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "echo",
+    }
+)
+_STORED_ALWAYS = tuple(f.name for f in _SAMPLING_FIELDS if f.name not in _WHEN_SET)
+_STORED_WHEN_SET = tuple((f.name, f.default) for f in _SAMPLING_FIELDS if f.name in _WHEN_SET)
+_TUPLES = ("allowed_token_ids", "bad_words", "stop_token_ids")
 
 
 # A job's own `priority`: 0 (the default, and the most urgent a client may ask for) to
@@ -101,6 +140,36 @@ def engine_priority(priority: int, *, interactive: bool) -> int:
 def is_interactive(engine_priority: int) -> bool:
     """Whether a request of this engine priority is a single job (not a batch line)."""
     return engine_priority < _BULK_PRIORITY_OFFSET
+
+
+class ServiceTier(enum.StrEnum):
+    """How an online request is scheduled (OpenAI's `service_tier`); `auto` runs as
+    `default`."""
+
+    DEFAULT = "default"
+    """As a single job: ahead of batch lines."""
+    PRIORITY = "priority"
+    """Ahead of every other single job."""
+    FLEX = "flex"
+    """As batch lines run in the engine: behind every single job, preempted first."""
+
+    @classmethod
+    def asked(cls, tier: str | None) -> ServiceTier:
+        """The tier a request's `service_tier` runs at (None and `auto`: the default)."""
+        return cls.DEFAULT if tier in (None, "auto") else cls(tier)
+
+    @property
+    def priority(self) -> int:
+        """The job priority the tier runs at: `priority` before the most urgent a client
+        may ask for (0), `flex` at the engine priority of batch lines."""
+        return _TIER_PRIORITIES[self]
+
+
+_TIER_PRIORITIES = {
+    ServiceTier.DEFAULT: 0,
+    ServiceTier.PRIORITY: -1,
+    ServiceTier.FLEX: _BULK_PRIORITY_OFFSET,
+}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from inferq.domain.batches import (
     CHAT_ENDPOINT,
@@ -28,6 +28,7 @@ from inferq.domain.batches import (
 from inferq.domain.jobs import JobSpec
 from inferq.exceptions import InvalidRequest, ModelNotFound
 from inferq.wire.anthropic_bodies import MessagesBody, prepare_messages
+from inferq.wire.compat import Lenient
 from inferq.wire.embeddings import (
     EmbeddingBody,
     PreparedEmbedding,
@@ -47,10 +48,8 @@ MAX_JSON_DEPTH = sys.getrecursionlimit()
 MAX_CUSTOM_ID_CHARS = 512
 
 
-class BatchLine(BaseModel):
-    """One input line: OpenAI's request envelope."""
-
-    model_config = ConfigDict(extra="forbid")
+class BatchLine(Lenient):
+    """One input line: OpenAI's request envelope (other fields ignored, as its body's)."""
 
     custom_id: str = Field(min_length=1, max_length=MAX_CUSTOM_ID_CHARS)
     method: Literal["POST"]
@@ -173,6 +172,10 @@ class BatchLineReader:
             check_storable(envelope.custom_id, "custom_id")
             validator = self._models.get(body.model).validator
             if isinstance(body, ResponsesBody):
+                if body.service_tier is not None:
+                    # Every line runs as batch work, whatever tier it names: its response
+                    # says the default one, as OpenAI's batch output does.
+                    body = body.model_copy(update={"service_tier": None})
                 request = prepare_response(validator, body)
             elif isinstance(body, MessagesBody):
                 request = prepare_messages(validator, body)

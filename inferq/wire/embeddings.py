@@ -16,11 +16,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictInt, Tag, field_validator
+from pydantic import Discriminator, Field, StrictInt, Tag, field_validator
 from pydantic_core import PydanticCustomError
 
 from inferq.domain.jobs import JobSpec, SamplingParams
 from inferq.exceptions import InvalidRequest
+from inferq.wire.compat import Lenient, ignored, refusing
 from inferq.wire.model_catalog import CatalogModel
 from inferq.wire.validation import check_storable
 
@@ -58,10 +59,8 @@ EmbeddingInput = Annotated[
 ]
 
 
-class EmbeddingBody(BaseModel):
-    """An embeddings request (OpenAI's shape)."""
-
-    model_config = ConfigDict(extra="forbid")
+class EmbeddingBody(Lenient):
+    """An embeddings request (OpenAI's shape); fields it does not know are ignored."""
 
     model: str | None = Field(
         None, description="An embedding model (GET /v1/models); optional if only one is served."
@@ -78,7 +77,17 @@ class EmbeddingBody(BaseModel):
     dimensions: int | None = Field(
         None, ge=1, description="Shorter vectors, for models trained to allow it (Matryoshka)."
     )
-    user: str | None = Field(None, description="Accepted for compatibility; not used.")
+    user: str | None = ignored("an end-user id for OpenAI's abuse monitoring.")
+    messages: list[Any] | None = refusing(
+        "Refused: vLLM's chat embeddings are not served here; send the text as `input`."
+    )
+
+    @field_validator("messages")
+    @classmethod
+    def _no_chat(cls, value: list[Any] | None) -> list[Any] | None:
+        if value is not None:
+            raise _invalid("messages (chat embeddings) are not supported: send the text as input")
+        return value
 
     @field_validator("input")
     @classmethod

@@ -4,16 +4,34 @@ calls and the answers to them; and how each is handed to the chat template."""
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+
+from inferq.wire.compat import Lenient
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class TextPart(Lenient):
     type: Literal["text"]
     text: str
+
+
+def _part_type(value: Any) -> str:
+    if isinstance(value, dict):
+        return str(value.get("type"))
+    return str(getattr(value, "type", None))
+
+
+# A content part: only text, for the text-only models served here.
+ContentPart = Annotated[
+    Annotated[TextPart, Tag("text")],
+    Discriminator(
+        _part_type,
+        custom_error_type="unsupported_content_part",
+        custom_error_message="only text parts are supported: this model takes text, not "
+        "images, audio or files (send the part as text, or use a multimodal model)",
+    ),
+]
 
 
 class CalledFunction(BaseModel):
@@ -21,6 +39,17 @@ class CalledFunction(BaseModel):
 
     name: str
     arguments: str = Field(description="The arguments as JSON text, as the call gave them.")
+
+
+def _content_kind(value: Any) -> str:
+    return "str" if isinstance(value, str) else "list"
+
+
+# Text, or a list of parts: told apart first, so a bad part is the one error reported.
+Content = Annotated[
+    Annotated[str, Tag("str")] | Annotated[list[ContentPart], Tag("list")],
+    Discriminator(_content_kind),
+]
 
 
 class MessageToolCall(BaseModel):
@@ -45,14 +74,13 @@ class MessageToolCall(BaseModel):
         }
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(Lenient):
     """One chat message; content is text, or a list of text parts joined in order. An
-    assistant turn may carry `tool_calls` instead; a `tool` turn answers one by its id."""
-
-    model_config = ConfigDict(extra="forbid")
+    assistant turn may carry `tool_calls` instead; a `tool` turn answers one by its id.
+    Other fields (an earlier answer's `refusal`, `annotations`) are ignored."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: Content | None = None
     name: str | None = None
     tool_calls: list[MessageToolCall] | None = None
     tool_call_id: str | None = None

@@ -34,8 +34,11 @@ def completion_body(
     choices: Sequence[dict[str, Any]],
     prompt_tokens: int,
     completion_tokens: int,
+    service_tier: str | None = None,
 ) -> dict[str, Any]:
-    """The `chat.completion` or `text_completion` a client gets for a finished request."""
+    """The `chat.completion` or `text_completion` a client gets for a finished request
+    (with the `service_tier` it ran at, online)."""
+    tier = {} if service_tier is None else {"service_tier": service_tier}
     if chat:
         return {
             "id": completion_id(job_id, chat=True),
@@ -53,6 +56,7 @@ def completion_body(
             ],
             "usage": usage(prompt_tokens, completion_tokens),
             "system_fingerprint": None,
+            **tier,
         }
     return {
         "id": completion_id(job_id, chat=False),
@@ -69,6 +73,7 @@ def completion_body(
             for c in choices
         ],
         "usage": usage(prompt_tokens, completion_tokens),
+        **tier,
     }
 
 
@@ -103,6 +108,7 @@ def chunk(
     choices: list[dict[str, Any]],
     with_usage: bool,
     usage_: dict[str, int] | None = None,
+    service_tier: str | None = None,
 ) -> dict[str, Any]:
     """One `chat.completion.chunk` or streamed `text_completion`. With `with_usage` (the
     client asked for `stream_options.include_usage`) it carries `usage`: null but on the
@@ -114,6 +120,8 @@ def chunk(
         "model": model,
         "choices": choices,
     }
+    if service_tier is not None:
+        body["service_tier"] = service_tier
     if with_usage:
         body["usage"] = usage_
     return body

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from inferq.exceptions import InvalidRequest
@@ -13,6 +13,8 @@ class _Tokenizer(Protocol):  # the slice of a Hugging Face tokenizer used here
     chat_template: Any
 
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, token_ids: list[int]) -> str: ...
 
     def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
 
@@ -37,6 +39,14 @@ def preload() -> None:
     first request to load a model's tokenizer does not wait for it. The API calls it in the
     background as it starts, before any worker registers its model."""
     _transformers()
+
+
+def _template_errors() -> tuple[type[Exception], ...]:
+    """What a chat template raises for messages it refuses (its `raise_exception`, or a
+    `continue_final_message` without a final message to continue)."""
+    import jinja2  # comes with transformers
+
+    return (jinja2.TemplateError, ValueError)
 
 
 class PromptRenderer:
@@ -85,23 +95,43 @@ class PromptRenderer:
             return self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def chat_text(
-        self, messages: Sequence[dict[str, Any]], *, tools: Sequence[dict[str, Any]] | None = None
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> str:
         """Chat messages (and the tools the model may call, in OpenAI's shape) rendered
-        with the chat template (not yet tokenized)."""
+        with the chat template (not yet tokenized); `options` are the template's own
+        (vLLM's `add_generation_prompt`, `continue_final_message`, `chat_template_kwargs`).
+        A template that refuses the messages is an `InvalidRequest`."""
         if not self.has_chat_template:
             raise InvalidRequest(
                 "this model has no chat template: send `prompt` instead of `messages`",
                 param="messages",
             )
+        asked = {"add_generation_prompt": True, **(options or {})}
         with self._lock:  # jinja rendering inside transformers is not documented thread-safe
-            text = self._tokenizer.apply_chat_template(
-                list(messages),
-                tools=None if tools is None else list(tools),
-                add_generation_prompt=True,
-                tokenize=False,
-            )
+            try:
+                text = self._tokenizer.apply_chat_template(
+                    list(messages),
+                    tools=None if tools is None else list(tools),
+                    tokenize=False,
+                    **asked,
+                )
+            except _template_errors() as exc:
+                raise InvalidRequest(
+                    f"the model's chat template refused these messages: {exc}",
+                    param="messages",
+                ) from exc
         return str(text)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of token ids, as the engine would detokenize them."""
+        if self._backend is not None:
+            return str(self._backend.decode(list(token_ids), skip_special_tokens=False))
+        with self._lock:
+            return self._tokenizer.decode(list(token_ids))
 
     def encode_many(self, texts: Sequence[str], *, add_special_tokens: bool) -> list[list[int]]:
         """Token ids of many texts at once (the Rust tokenizer spreads them over cores)."""

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
+from inferq.wire.compat import Lenient, ignored
 from inferq.wire.structured import (
     MAX_TOOLS,
     JsonObjectFormat,
@@ -150,9 +151,12 @@ class ResponsesStreamOptions(_Strict):
     )
 
 
-class ResponsesBody(SamplerFields):
+class ResponsesBody(SamplerFields, Lenient):
     """A request to OpenAI's Responses API, as `/v1/responses` and batch lines take it;
-    the sampling fields beyond OpenAI's (`top_k`, `seed`, `stop`, ...) are vLLM's."""
+    the sampling fields beyond OpenAI's (`top_k`, `seed`, `stop`, ...) are vLLM's. Fields
+    it does not know are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
 
     model: str
     input: str | Annotated[list[InputItem], Field(min_length=1)]
@@ -177,10 +181,17 @@ class ResponsesBody(SamplerFields):
     truncation: Literal["disabled"] | None = Field(
         None, description="Only `disabled`: an input too long for the context is refused."
     )
-    user: str | None = Field(None, description="Accepted for compatibility; not used.")
-    safety_identifier: str | None = Field(None, description="Accepted; not used.")
-    prompt_cache_key: str | None = Field(None, description="Accepted; prefix caching is automatic.")
-    service_tier: Literal["auto", "default"] | None = None
+    user: str | None = ignored("an end-user id for OpenAI's abuse monitoring.")
+    safety_identifier: str | None = ignored("an end-user id for OpenAI's abuse monitoring.")
+    prompt_cache_key: str | None = ignored("prefix caching is automatic.")
+    reasoning: dict[str, Any] | None = ignored(
+        "the chat template is rendered without a reasoning effort."
+    )
+    service_tier: Literal["auto", "default", "flex", "priority"] | None = Field(
+        None,
+        description="`priority` runs ahead of other single jobs; `flex` as batch work "
+        "does, behind every single job; `auto` and `default` as a single job.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

@@ -91,7 +91,7 @@ def response_object(state: ResponseState) -> dict[str, Any]:
         "output": output,
         "parallel_tool_calls": echo.get("parallel_tool_calls", True),
         "previous_response_id": echo.get("previous_response_id"),
-        "service_tier": "default",
+        "service_tier": echo.get("service_tier", "default"),
         "store": echo.get("store", True),
         "temperature": state.sampling.get("temperature", 1.0),
         "text": echo.get("text", {"format": {"type": "text"}}),

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from inferq.constants import JOB_ID_PREFIX
-from inferq.domain.jobs import Job, JobSpec, JobStatus
+from inferq.domain.jobs import Job, JobSpec, JobStatus, ServiceTier
 from inferq.exceptions import InvalidRequest
 from inferq.wire.messages import CalledFunction, ChatMessage, MessageToolCall
 from inferq.wire.response_bodies import (
@@ -94,8 +94,9 @@ def finish_response(
     validator: JobValidator, prepared: PreparedRequest, token_ids: list[int]
 ) -> JobSpec:
     """The job of a prepared request, once its tokens fit the context."""
+    tier = ServiceTier.asked((prepared.response or {}).get("service_tier"))
     try:
-        return validator.finish(prepared, token_ids)
+        return dataclasses.replace(validator.finish(prepared, token_ids), priority=tier.priority)
     except InvalidRequest as exc:
         raise _in_responses_terms(exc) from exc
 
@@ -230,6 +231,7 @@ def _sampling(body: ResponsesBody) -> SamplingFields:
         response_format=response_format,
         tools=tools,
         tool_choice=choice,
+        parallel_tool_calls=body.parallel_tool_calls,
     )
 
 
@@ -255,6 +257,7 @@ def _echo(body: ResponsesBody) -> dict[str, Any]:
         "user": body.user,
         "safety_identifier": body.safety_identifier,
         "prompt_cache_key": body.prompt_cache_key,
+        "service_tier": ServiceTier.asked(body.service_tier).value,
     }
 
 

@@ -135,6 +135,9 @@ class OutputFields(BaseModel):
         description="`auto` (the default with tools), `none`, `required`, or "
         '`{"type": "function", "function": {"name": ...}}` to force that call.',
     )
+    parallel_tool_calls: bool | None = Field(
+        None, description="false: at most one tool call per choice (the first one made)."
+    )
 
 
 class OutputPlan(BaseModel):
@@ -157,11 +160,12 @@ def plan(fields: OutputFields, *, chat: bool) -> OutputPlan:
         return OutputPlan(structured=structured)
     if not chat:
         raise InvalidRequest("tools need a chat (`messages`), not a `prompt`", param="tools")
-    return _tool_plan(fields.tools, fields.tool_choice or "auto", structured)
+    single = fields.parallel_tool_calls is False
+    return _tool_plan(fields.tools, fields.tool_choice or "auto", structured, single=single)
 
 
 def _tool_plan(
-    declared: list[Tool], choice: ToolChoice, structured: dict[str, Any] | None
+    declared: list[Tool], choice: ToolChoice, structured: dict[str, Any] | None, *, single: bool
 ) -> OutputPlan:
     names = [t.function.name for t in declared]
     if len(set(names)) != len(names):
@@ -172,8 +176,10 @@ def _tool_plan(
     tools = [t.model_dump(exclude_none=True) for t in declared]
     if choice == "none":
         return OutputPlan(structured=structured, tools=tools)
+    # One call at most: the parser's calls are cut to the first (`worker.engine.tool_calls`).
+    once = {"parallel": False} if single else {}
     if choice == "auto":
-        return OutputPlan(structured=structured, tools=tools, tool_choice={"type": "auto"})
+        return OutputPlan(structured=structured, tools=tools, tool_choice={"type": "auto", **once})
     if structured is not None:
         raise InvalidRequest(
             "a forced tool call already fixes the output's shape: leave out "
@@ -182,9 +188,9 @@ def _tool_plan(
         )
     if choice == "required":
         return OutputPlan(
-            structured={"json": _calls_schema(declared)},
+            structured={"json": _calls_schema(declared, single=single)},
             tools=tools,
-            tool_choice={"type": "required"},
+            tool_choice={"type": "required", **once},
         )
     assert isinstance(choice, NamedToolChoice)
     named = next((t for t in declared if t.function.name == choice.function.name), None)
@@ -229,12 +235,14 @@ def _extension(extension: StructuredOutputs) -> dict[str, Any]:
     return {"grammar": extension.grammar}
 
 
-def _calls_schema(tools: list[Tool]) -> dict[str, Any]:
-    """The output of `tool_choice: required`: a JSON array of one or more calls, each a
-    declared function's name and its arguments (vLLM's server asks for the same)."""
+def _calls_schema(tools: list[Tool], *, single: bool) -> dict[str, Any]:
+    """The output of `tool_choice: required`: a JSON array of one or more calls (exactly
+    one if `single`), each a declared function's name and its arguments (vLLM's server
+    asks for the same)."""
     return {
         "type": "array",
         "minItems": 1,
+        **({"maxItems": 1} if single else {}),
         "items": {
             "anyOf": [
                 {

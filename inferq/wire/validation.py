@@ -5,7 +5,7 @@ Shared by the API's `/v1/jobs` and, through the same validator, by batch-file li
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -19,12 +19,17 @@ from pydantic import (
 
 from inferq.domain.jobs import MAX_PRIORITY, JobSpec, SamplingParams
 from inferq.exceptions import InvalidRequest
+from inferq.wire.compat import refusing
 from inferq.wire.messages import ChatMessage
 from inferq.wire.prompts import PromptRenderer
 from inferq.wire.structured import OutputFields, OutputPlan, plan
 
 MAX_STOP_SEQUENCES = 16
 MAX_LOGPROBS = 20
+# A temperature below this is greedy sampling, which vLLM runs only with n 1.
+GREEDY_BELOW = 1e-5
+# The most token ids (or words) a request's token lists may name.
+MAX_TOKEN_LIST = 4096
 # OpenAI's metadata limits, so metadata that works there works here.
 MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY_CHARS = 64
@@ -121,6 +126,58 @@ class SamplingBase(SamplerFields, OutputFields):
         None, ge=1, description="Most tokens to generate; the model's context caps it."
     )
     n: int = Field(1, ge=1, description="Completions to generate for the prompt.")
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+        None,
+        description="Token id (as text) to a bias from -100 to 100, added to its logit "
+        "before sampling.",
+    )
+    min_tokens: int = Field(
+        0, ge=0, description="vLLM's: generate at least this many tokens before any stop."
+    )
+    stop_token_ids: list[int] | None = Field(
+        None, max_length=MAX_TOKEN_LIST, description="vLLM's: token ids that end generation."
+    )
+    include_stop_str_in_output: bool = Field(
+        False, description="vLLM's: keep the stop string that ended a choice in its text."
+    )
+    skip_special_tokens: bool = Field(
+        True, description="vLLM's: leave special tokens out of the text."
+    )
+    spaces_between_special_tokens: bool = Field(
+        True, description="vLLM's: put spaces between special tokens in the text."
+    )
+    allowed_token_ids: list[int] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_TOKEN_LIST,
+        description="vLLM's: only these token ids may be generated.",
+    )
+    bad_words: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None, max_length=MAX_TOKEN_LIST, description="vLLM's: words that must not be generated."
+    )
+    truncate_prompt_tokens: int | None = Field(
+        None, ge=1, description="vLLM's: keep only the prompt's last this many tokens."
+    )
+    use_beam_search: bool = refusing(
+        "vLLM's: refused when true (beam search is not served).", False
+    )
+    prompt_logprobs: int | None = refusing(
+        "vLLM's: refused (the prompt's logprobs are not returned here).", None
+    )
+
+    @field_validator("use_beam_search")
+    @classmethod
+    def _no_beam_search(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("beam search is not supported here: sample instead (n, seed)")
+        return value
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _no_prompt_logprobs(cls, value: int | None) -> int | None:
+        if value is not None:
+            raise ValueError("the prompt's logprobs are not returned here: leave it out")
+        return value
 
 
 class SamplingFields(SamplingBase):
@@ -144,6 +201,10 @@ class PreparedRequest:
     output: OutputPlan
     # A Responses API request's echo (`inferq.wire.responses`), kept with its job.
     response: dict[str, Any] | None = None
+    # A prompt given as token ids: tokenized already.
+    token_ids: list[int] | None = None
+    # The completion's text starts with its prompt (OpenAI's `echo`).
+    echo: bool = False
 
 
 class JobValidator:
@@ -194,8 +255,10 @@ class JobValidator:
         messages: list[ChatMessage] | None,
         sampling: SamplingFields,
         metadata: dict[str, Any],
+        template: Mapping[str, Any] | None = None,
     ) -> PreparedRequest:
-        """Every check but the context length, which needs the token count."""
+        """Every check but the context length, which needs the token count; `template`:
+        options for the chat template (`PromptRenderer.chat_text`)."""
         if model is not None and model != self.model_name:
             raise InvalidRequest(
                 f"model {model!r} is not served here; this deployment serves {self.model_name!r}",
@@ -204,6 +267,12 @@ class JobValidator:
             )
         if sampling.n > self._max_n:
             raise InvalidRequest(f"n is {sampling.n}, over the limit of {self._max_n}", param="n")
+        if sampling.n > 1 and sampling.temperature < GREEDY_BELOW:
+            raise InvalidRequest(
+                f"n is {sampling.n}, but temperature 0 (greedy) has one answer: ask n 1, or "
+                "a temperature above 0",
+                param="n",
+            )
         if (prompt is None) == (messages is None):
             raise InvalidRequest("give exactly one of `prompt` and `messages`", param="prompt")
         if sampling.max_tokens is not None and sampling.max_tokens > self._max_tokens_cap:
@@ -212,10 +281,12 @@ class JobValidator:
                 param="max_tokens",
             )
         _check_texts(prompt, messages, metadata, sampling)
+        self._check_token_ids(sampling)
         output = plan(sampling, chat=messages is not None)
         if output.structured is not None:  # stored with the job's sampling parameters
             _check_stored_json(output.structured, _shaped_by(sampling))
-        if output.tool_choice == {"type": "auto"} and self._tool_call_parser is None:
+        auto = output.tool_choice is not None and output.tool_choice["type"] == "auto"
+        if auto and self._tool_call_parser is None:
             raise InvalidRequest(
                 "tool_choice auto needs a tool-call parser for this model: set "
                 "INFERQ_TOOL_CALL_PARSER, or force a call with tool_choice required",
@@ -228,7 +299,9 @@ class JobValidator:
             return PreparedRequest(
                 prompt=None,
                 messages=template_messages,
-                text=self._renderer.chat_text(template_messages, tools=output.tools),
+                text=self._renderer.chat_text(
+                    template_messages, tools=output.tools, options=template
+                ),
                 add_special_tokens=False,
                 sampling=sampling,
                 metadata=metadata,
@@ -245,11 +318,51 @@ class JobValidator:
             output=output,
         )
 
+    def token_prompt(self, token_ids: list[int], param: str = "prompt") -> str:
+        """The text of a prompt given as token ids, or `InvalidRequest` for an id outside
+        the vocabulary."""
+        vocab = self._renderer.vocab_size
+        if not token_ids:
+            raise InvalidRequest("a prompt of token ids must not be empty", param=param)
+        for token in token_ids:
+            if not 0 <= token < vocab:
+                raise InvalidRequest(
+                    f"{param} holds token id {token}, outside this model's vocabulary "
+                    f"(0 to {vocab - 1})",
+                    param=param,
+                )
+        return self._renderer.decode(token_ids)
+
+    def _check_token_ids(self, sampling: SamplingFields) -> None:
+        """Every token id a request names is in the model's vocabulary."""
+        vocab = self._renderer.vocab_size
+        named: list[tuple[str, list[str] | list[int]]] = [
+            ("logit_bias", list(sampling.logit_bias or ())),
+            ("stop_token_ids", sampling.stop_token_ids or []),
+            ("allowed_token_ids", sampling.allowed_token_ids or []),
+        ]
+        for param, ids in named:
+            for token in ids:
+                number = _token_id(token, param)
+                if not 0 <= number < vocab:
+                    raise InvalidRequest(
+                        f"{param} names token id {token}, outside this model's vocabulary "
+                        f"(0 to {vocab - 1})",
+                        param=param,
+                    )
+
     def finish(self, prepared: PreparedRequest, token_ids: list[int]) -> JobSpec:
         """The `JobSpec`, once the prompt is tokenized and fits the context."""
         sampling = prepared.sampling
+        if sampling.truncate_prompt_tokens is not None:  # vLLM keeps the end
+            token_ids = token_ids[-sampling.truncate_prompt_tokens :]
         prompt_param = "messages" if prepared.messages is not None else "prompt"
         max_tokens = self._max_tokens(len(token_ids), sampling.max_tokens, prompt_param)
+        if sampling.min_tokens > max_tokens:
+            raise InvalidRequest(
+                f"min_tokens is {sampling.min_tokens}, over max_tokens ({max_tokens})",
+                param="min_tokens",
+            )
         params = SamplingParams(
             max_tokens=max_tokens,
             temperature=sampling.temperature,
@@ -264,6 +377,15 @@ class JobValidator:
             n=sampling.n,
             logprobs=sampling.logprobs,
             ignore_eos=sampling.ignore_eos,
+            min_tokens=sampling.min_tokens,
+            logit_bias=_logit_bias(sampling.logit_bias),
+            allowed_token_ids=_tuple(sampling.allowed_token_ids),
+            bad_words=_tuple(sampling.bad_words),
+            stop_token_ids=_tuple(sampling.stop_token_ids),
+            include_stop_str_in_output=sampling.include_stop_str_in_output,
+            skip_special_tokens=sampling.skip_special_tokens,
+            spaces_between_special_tokens=sampling.spaces_between_special_tokens,
+            echo=prepared.echo,
             structured=prepared.output.structured,
             tool_choice=prepared.output.tool_choice,
         )
@@ -280,9 +402,13 @@ class JobValidator:
 
     def encode(self, prepared: Sequence[PreparedRequest]) -> list[list[int]]:
         """Token ids of many prepared requests, raw prompts and chats each in one call."""
-        ids: list[list[int]] = [[] for _ in prepared]
+        ids: list[list[int]] = [p.token_ids or [] for p in prepared]
         for special in (True, False):
-            picked = [i for i, p in enumerate(prepared) if p.add_special_tokens is special]
+            picked = [
+                i
+                for i, p in enumerate(prepared)
+                if p.add_special_tokens is special and p.token_ids is None
+            ]
             encoded = self._renderer.encode_many(
                 [prepared[i].text for i in picked], add_special_tokens=special
             )
@@ -311,6 +437,25 @@ class JobValidator:
                 code="context_length_exceeded",
             )
         return asked
+
+
+def _token_id(token: str | int, param: str) -> int:
+    if isinstance(token, int):
+        return token
+    try:
+        return int(token)
+    except ValueError:
+        raise InvalidRequest(
+            f'{param} keys are token ids (as text, like "50256"), not {token!r}', param=param
+        ) from None
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    return None if not bias else {int(k): v for k, v in bias.items()}
+
+
+def _tuple(values: list[Any] | None) -> tuple[Any, ...] | None:
+    return None if values is None else tuple(values)
 
 
 def _check_stored_json(value: Any, param: str) -> None:
@@ -352,3 +497,5 @@ def _check_texts(
         check_storable(f"{key}{value}", "metadata")
     for stop in sampling.stop_sequences():
         check_storable(stop, "stop")
+    for word in sampling.bad_words or ():
+        check_storable(word, "bad_words")

@@ -51,6 +51,8 @@ def _read(choice: Choice, tool_choice: Mapping[str, Any], parse_auto: AutoParser
         content, calls = parse_auto(choice.text)
     if not calls:  # cut short (max_tokens) or no call made: the output stays text
         return choice
+    if tool_choice.get("parallel") is False:  # `parallel_tool_calls: false`
+        calls = calls[:1]
     return dataclasses.replace(
         choice,
         text=content,

@@ -184,10 +184,10 @@ BAD_LINES = [
         "greater than or equal to 1",
     ),
     (
-        chat_line(9, logit_bias={"17": -100}),
-        "unsupported_parameter",
+        chat_line(9, logit_bias={"17000": -100}),
+        "invalid_parameter",
         "body.logit_bias",
-        "not supported",
+        "outside this model's vocabulary",
     ),
 ]
 

@@ -261,7 +261,7 @@ BAD_REQUESTS = [
     ({"prompt": "hi", "temperature": 3}, "temperature", "less than or equal to 2"),
     ({"prompt": "hi", "max_tokens": 5000}, "max_tokens", "context of 1024 tokens"),
     ({"prompt": "hi " * 3000}, "prompt", "context of 1024 tokens"),
-    ({"prompt": "hi", "colour": "red"}, "colour", "unknown field"),
+    ({"prompt": "hi", "logit_bias": {"9999": 1}}, "logit_bias", "outside this model's vocab"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role", "Input should be"),
     ({"prompt": "hi", "messages": [{"role": "user", "content": "x"}]}, "prompt", "exactly one"),
     ({"max_tokens": 4}, "prompt", "exactly one"),

@@ -272,7 +272,6 @@ def test_what_is_not_served_is_refused_with_the_field_to_fix(stack: Stack) -> No
         ({"input": QUESTION, "background": True, "store": False}, "background needs store"),
         ({"input": QUESTION, "max_output_tokens": 10**6}, "max_output_tokens"),
         ({"input": QUESTION, "truncation": "auto"}, "truncation"),
-        ({"input": QUESTION, "reasoning": {"effort": "high"}}, "reasoning"),
         (
             {
                 "input": QUESTION,

@@ -127,8 +127,10 @@ def test_a_mixed_or_mistyped_input_is_refused_at_its_item(given: Any, loc: tuple
 def test_the_other_fields_are_checked() -> None:
     assert refusal(input="a", dimensions=0)[0] == ("dimensions",)
     assert refusal(input="a", encoding_format="int8")[0] == ("encoding_format",)
-    assert refusal(input="a", temperature=1)[0] == ("temperature",)
     assert refusal(model=EMBEDDER)[0] == ("input",)
+    assert refusal(input="a", messages=[])[0] == ("messages",)
+    # A field that means nothing to an embedding is ignored, as vLLM's server does.
+    assert EmbeddingBody.model_validate({"input": "a", "temperature": 1}).input == "a"
 
 
 # The job
@@ -350,5 +352,6 @@ def test_embedding_lines_become_embedding_jobs_or_errors_naming_the_input(
     assert "input.1 is an empty string" in errors[5].message
     assert errors[6].param == "body.model"
     assert "serves completions and chats" in errors[6].message
-    assert (errors[7].param, errors[7].code) == ("body.messages", "unsupported_parameter")
+    assert (errors[7].param, errors[7].code) == ("body.messages", "invalid_parameter")
+    assert "chat embeddings" in errors[7].message
     assert errors[8].code == "mismatched_url"

@@ -116,3 +116,22 @@ def test_mermaid_is_served_from_the_site_itself() -> None:
     assert "- assets/javascripts/mermaid.min.js" in config
     script = (ROOT / "docs" / "assets" / "javascripts" / "mermaid.min.js").read_text()
     assert 'globalThis["mermaid"]' in script
+
+
+def test_the_compatibility_page_has_a_row_for_every_field_each_endpoint_takes() -> None:
+    from docs.sitegen.compat_page import ENDPOINTS, compatibility_markdown, stale_notes
+
+    assert stale_notes() == [], "docs/sitegen/compat_page.py notes fields that are gone"
+    page = compatibility_markdown()
+    tables = page.split("### ")[1:]
+    assert len(tables) == len(ENDPOINTS)
+    for table, (endpoint, model) in zip(tables, ENDPOINTS, strict=True):
+        assert table.startswith((f"`{endpoint}`", endpoint))
+        rows = [row.split(" | ")[:2] for row in table.splitlines() if row.startswith("| `")]
+        fields = {f.alias or name for name, f in model.model_fields.items()}
+        assert {row[0].strip("| `") for row in rows} == fields, endpoint
+    chat = dict(row.split(" | ")[:2] for row in tables[0].splitlines() if row.startswith("| `"))
+    assert chat["| `logit_bias`"] == "honoured"
+    assert chat["| `store`"] == "ignored"
+    assert chat["| `modalities`"] == "refused (some values)"
+    assert "<!-- compatibility -->" in (ROOT / "docs" / "compatibility.md").read_text()

@@ -1,7 +1,7 @@
 import threading
 import time
 
-from inferq.domain.jobs import SamplingParams, engine_priority
+from inferq.domain.jobs import SamplingParams, ServiceTier, engine_priority, is_interactive
 from worker.admission import AdmissionQueue
 from worker.engine.protocol import EngineRequest
 
@@ -119,3 +119,32 @@ def test_single_jobs_may_use_the_slots_kept_for_them_and_batch_lines_may_not() -
     assert _ids(queue.take(0, interactive_room=2, idle=False, timeout_s=0)) == ["i1", "i2"]
     assert _ids(queue.take(1, interactive_room=3, idle=False, timeout_s=0)) == ["i3"]
     assert _ids(queue.take(1, interactive_room=3, idle=False, timeout_s=0)) == ["b1"]
+
+
+def test_service_tiers_order_single_jobs_and_flex_runs_as_batch_lines_do() -> None:
+    def asked(job_id: str, tier: ServiceTier) -> EngineRequest:
+        priority = engine_priority(tier.priority, interactive=True)
+        return EngineRequest(
+            job_id=job_id,
+            prompt_token_ids=[1],
+            sampling=SamplingParams(max_tokens=1),
+            priority=priority,
+        )
+
+    queue = AdmissionQueue(max_batch_size=8, max_batch_delay_ms=0)
+    queue.put(_requests("line"), interactive=False)
+    queue.put(
+        [
+            asked("flex", ServiceTier.FLEX),
+            asked("default", ServiceTier.asked("auto")),
+            asked("priority", ServiceTier.PRIORITY),
+        ],
+        interactive=True,
+    )
+    assert _ids(queue.take(4, idle=False, timeout_s=0)) == ["priority", "default", "flex", "line"]
+    # In the engine, flex runs at the priority of batch lines: behind single jobs,
+    # preempted first.
+    assert not is_interactive(engine_priority(ServiceTier.FLEX.priority, interactive=True))
+    assert engine_priority(ServiceTier.FLEX.priority, interactive=True) == engine_priority(
+        0, interactive=False
+    )

@@ -62,6 +62,8 @@ class VllmEngine(SteppedVllm):
         self._deltas: list[JobDelta] = []
         # Chats whose output may hold tool calls, read out once they finish.
         self._tool_choices: dict[str, Any] = {}
+        # The prompt text of requests that asked for `echo`, which their choices start with.
+        self._echoes: dict[str, str] = {}
         self._tool_parser = (
             None if tool_call_parser is None else AutoToolParser(tool_call_parser, llm)
         )
@@ -123,6 +125,13 @@ class VllmEngine(SteppedVllm):
                 self._engine.abort_request([request.job_id])
             raise RequestRejected(f"the engine refused the request: {exc}") from exc
         top_k = request.sampling.logprobs
+        if request.sampling.echo:
+            tokenizer = self._llm.get_tokenizer()
+            # Detokenized as the output is: special tokens (the BOS) left out by default.
+            self._echoes[request.job_id] = tokenizer.decode(
+                list(request.prompt_token_ids),
+                skip_special_tokens=request.sampling.skip_special_tokens,
+            )
         if request.sampling.tool_choice is not None:
             self._tool_choices[request.job_id] = request.sampling.tool_choice
         if request.stream:
@@ -153,17 +162,19 @@ class VllmEngine(SteppedVllm):
                 continue
             job_id = output.request_id
             streamed = self._streams.get(job_id)
+            echo = self._echoes.get(job_id)
             if streamed is not None:
-                self._deltas.append(streamed.add(output))
+                self._deltas.append(streamed.add(output, echo=echo))
                 if output.finished:
                     del self._streams[job_id]
                     finished.append(self._with_tool_calls(job_id, streamed.result()))
             elif output.finished:
-                result = _result(output, self._top_k_logprobs.pop(job_id, 0))
+                result = _result(output, self._top_k_logprobs.pop(job_id, 0), echo=echo)
                 finished.append(self._with_tool_calls(job_id, result))
         return finished
 
     def _with_tool_calls(self, job_id: str, result: JobResult) -> Finished:
+        self._echoes.pop(job_id, None)
         tool_choice = self._tool_choices.pop(job_id, None)
         parse = None if self._tool_parser is None else self._tool_parser.parse
         return Finished(job_id=job_id, result=with_tool_calls(result, tool_choice, parse))
@@ -176,6 +187,7 @@ class VllmEngine(SteppedVllm):
             self._top_k_logprobs.pop(job_id, None)
             self._streams.pop(job_id, None)
             self._tool_choices.pop(job_id, None)
+            self._echoes.pop(job_id, None)
         self._abort_requests(list(job_ids))
 
 
@@ -194,6 +206,14 @@ def _sampling_params(params: SamplingParams, *, stream: bool) -> VllmSamplingPar
         repetition_penalty=params.repetition_penalty,
         logprobs=params.logprobs,
         ignore_eos=params.ignore_eos,
+        min_tokens=params.min_tokens,
+        logit_bias=None if params.logit_bias is None else dict(params.logit_bias),
+        allowed_token_ids=_listed(params.allowed_token_ids),
+        bad_words=_listed(params.bad_words),
+        stop_token_ids=_listed(params.stop_token_ids),
+        include_stop_str_in_output=params.include_stop_str_in_output,
+        skip_special_tokens=params.skip_special_tokens,
+        spaces_between_special_tokens=params.spaces_between_special_tokens,
         structured_outputs=(
             None if params.structured is None else StructuredOutputsParams(**params.structured)
         ),
@@ -203,14 +223,20 @@ def _sampling_params(params: SamplingParams, *, stream: bool) -> VllmSamplingPar
     )
 
 
-def _result(output: RequestOutput, top_k: int) -> JobResult:
+def _listed(values: Sequence[Any] | None) -> list[Any] | None:
+    return None if values is None else list(values)
+
+
+def _result(output: RequestOutput, top_k: int, *, echo: str | None) -> JobResult:
     return JobResult(
-        choices=tuple(_choice(c, top_k) for c in sorted(output.outputs, key=lambda c: c.index)),
+        choices=tuple(
+            _choice(c, top_k, echo=echo) for c in sorted(output.outputs, key=lambda c: c.index)
+        ),
         prompt_tokens=len(output.prompt_token_ids or ()),
     )
 
 
-def _choice(output: CompletionOutput, top_k: int) -> Choice:
+def _choice(output: CompletionOutput, top_k: int, *, echo: str | None) -> Choice:
     logprobs = None
     if output.logprobs is not None:
         logprobs = tuple(
@@ -219,7 +245,7 @@ def _choice(output: CompletionOutput, top_k: int) -> Choice:
         )
     return Choice(
         index=output.index,
-        text=output.text,
+        text=(echo or "") + output.text,
         finish_reason=output.finish_reason,
         completion_tokens=len(output.token_ids),
         logprobs=logprobs,
@@ -257,10 +283,12 @@ class _Streamed:
         self._top_k = top_k
         self._choices: dict[int, _ChoiceSoFar] = {}
 
-    def add(self, output: RequestOutput) -> JobDelta:
-        """Take one step's outputs; return them as a delta."""
+    def add(self, output: RequestOutput, *, echo: str | None) -> JobDelta:
+        """Take one step's outputs; return them as a delta (each choice's first with
+        `echo`, the prompt it repeats, before its text)."""
         deltas = []
         for completion in output.outputs:
+            first = completion.index not in self._choices
             so_far = self._choices.setdefault(completion.index, _ChoiceSoFar())
             logprobs = None
             if completion.logprobs is not None:
@@ -272,7 +300,7 @@ class _Streamed:
                 )
             delta = ChoiceDelta(
                 index=completion.index,
-                text=completion.text,
+                text=(echo or "") + completion.text if first else completion.text,
                 offset=so_far.tokens,
                 tokens=len(completion.token_ids),
                 logprobs=logprobs,

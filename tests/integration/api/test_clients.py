@@ -1,0 +1,91 @@
+"""Client libraries built on OpenAI's API, unchanged, against the real stack: LangChain's
+`ChatOpenAI` plain, streamed, batched, with a forced tool call made once, and with
+structured output parsed into a pydantic model; pydantic-ai's agent with its model
+settings (`parallel_tool_calls`, `logit_bias`) and a structured output."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pytest
+from langchain_openai import ChatOpenAI
+from pydantic import BaseModel, Field
+from pydantic_ai import Agent
+from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.openai import OpenAIProvider
+from pydantic_ai.settings import ModelSettings
+
+from tests.conftest import ADMIN_KEY, MODEL_NAME, Stack
+
+pytestmark = pytest.mark.engine
+
+QUESTION = "Tell me about the sea."
+
+
+class Sentiment(BaseModel):
+    """How a text feels."""
+
+    label: Literal["positive", "negative", "neutral"]
+    score: int = Field(ge=0, le=10)
+
+
+class Weather(BaseModel):
+    """The forecast for a city."""
+
+    city: Literal["Paris", "Oslo", "Lima"]
+    days: int = Field(ge=1, le=7)
+
+
+def chat_model(stack: Stack, **kwargs: object) -> ChatOpenAI:
+    return ChatOpenAI(
+        model=MODEL_NAME,
+        base_url=stack.url + "/v1",
+        api_key=ADMIN_KEY,  # type: ignore[arg-type]
+        max_retries=0,
+        timeout=120,
+        **{"temperature": 0, **kwargs},  # type: ignore[arg-type]
+    )
+
+
+def test_langchain_invokes_streams_and_batches(stack: Stack) -> None:
+    model = chat_model(stack, max_tokens=8, logit_bias={"4": -100}, stream_usage=True)
+    answer = model.invoke(QUESTION)
+    streamed = "".join(str(chunk.content) for chunk in model.stream(QUESTION))
+    batched = model.batch([QUESTION, "A cat sat"])
+    assert isinstance(answer.content, str)
+    assert answer.content
+    assert streamed == answer.content  # greedy: the same text, streamed or not
+    assert batched[0].content == answer.content
+    assert len(batched) == 2
+    assert answer.usage_metadata is not None
+    assert answer.usage_metadata["output_tokens"] == 8  # end of sequence ruled out
+
+
+def test_langchain_tools_without_parallel_calls_and_structured_output(stack: Stack) -> None:
+    # Sampled, as the structured-output tests are: greedy JSON from the random tiny model
+    # can run on in whitespace until max_tokens.
+    model = chat_model(stack, max_tokens=400, seed=2, temperature=1)
+    with_tools = model.bind_tools([Weather], tool_choice="Weather", parallel_tool_calls=False)
+    message = with_tools.invoke("What is the weather in Oslo?")
+    [call] = message.tool_calls  # type: ignore[attr-defined]
+    assert call["name"] == "Weather"
+    Weather.model_validate(call["args"])
+
+    structured = model.with_structured_output(Sentiment)
+    feeling = structured.invoke("I love the sea.")
+    assert isinstance(feeling, Sentiment)
+
+
+def test_pydantic_ai_runs_with_its_model_settings_and_a_structured_output(stack: Stack) -> None:
+    provider = OpenAIProvider(base_url=stack.url + "/v1", api_key=ADMIN_KEY)
+    model = OpenAIChatModel(MODEL_NAME, provider=provider)
+    settings = ModelSettings(
+        max_tokens=8, temperature=0, parallel_tool_calls=False, logit_bias={"4": -100}
+    )
+    plain = Agent(model, model_settings=settings).run_sync(QUESTION)
+    assert isinstance(plain.output, str)
+    assert plain.usage.output_tokens == 8  # end of sequence ruled out
+
+    sampled = ModelSettings(max_tokens=400, seed=2, parallel_tool_calls=False)
+    feeling = Agent(model, output_type=Sentiment, model_settings=sampled).run_sync("I love it.")
+    assert isinstance(feeling.output, Sentiment)

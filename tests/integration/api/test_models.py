@@ -195,7 +195,8 @@ def test_a_job_for_a_model_whose_workers_are_down_waits_for_one(
             broker.close()
         assert client.get(f"/v1/jobs/{job_id}").json()["status"] == "queued"
         models_stack.start_worker(OTHER_MODEL)
-        done = client.get(f"/v1/jobs/{job_id}", params={"wait": 120}).json()
+        # The client waits longer than the server's wait, which may last while the worker loads.
+        done = client.get(f"/v1/jobs/{job_id}", params={"wait": 120}, timeout=150).json()
     assert done["status"] == "succeeded"
     assert worker_of(models_stack, job_id) == f"{OTHER_MODEL}@test"
     wait_until(http_ok(models_stack.deployment.url + "/healthz"), timeout_s=10, what="API up")

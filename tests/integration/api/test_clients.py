@@ -5,10 +5,15 @@ settings (`parallel_tool_calls`, `logit_bias`) and a structured output."""
 
 from __future__ import annotations
 
-from typing import Literal
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Literal
 
+import httpx
 import pytest
 from langchain_openai import ChatOpenAI
+from openai import AsyncOpenAI
 from pydantic import BaseModel, Field
 from pydantic_ai import Agent
 from pydantic_ai.models.openai import OpenAIChatModel
@@ -36,22 +41,25 @@ class Weather(BaseModel):
     days: int = Field(ge=1, le=7)
 
 
-def chat_model(stack: Stack, **kwargs: object) -> ChatOpenAI:
-    return ChatOpenAI(
-        model=MODEL_NAME,
-        base_url=stack.url + "/v1",
-        api_key=ADMIN_KEY,  # type: ignore[arg-type]
-        max_retries=0,
-        timeout=120,
-        **{"temperature": 0, **kwargs},  # type: ignore[arg-type]
-    )
+@contextmanager
+def chat_model(stack: Stack, **kwargs: object) -> Iterator[ChatOpenAI]:
+    """LangChain's chat model on the stack, over an HTTP client closed when done with."""
+    with httpx.Client(timeout=120) as http:
+        yield ChatOpenAI(
+            model=MODEL_NAME,
+            base_url=stack.url + "/v1",
+            api_key=ADMIN_KEY,  # type: ignore[arg-type]
+            max_retries=0,
+            http_client=http,
+            **{"temperature": 0, **kwargs},  # type: ignore[arg-type]
+        )
 
 
 def test_langchain_invokes_streams_and_batches(stack: Stack) -> None:
-    model = chat_model(stack, max_tokens=8, logit_bias={"4": -100}, stream_usage=True)
-    answer = model.invoke(QUESTION)
-    streamed = "".join(str(chunk.content) for chunk in model.stream(QUESTION))
-    batched = model.batch([QUESTION, "A cat sat"])
+    with chat_model(stack, max_tokens=8, logit_bias={"4": -100}, stream_usage=True) as model:
+        answer = model.invoke(QUESTION)
+        streamed = "".join(str(chunk.content) for chunk in model.stream(QUESTION))
+        batched = model.batch([QUESTION, "A cat sat"])
     assert isinstance(answer.content, str)
     assert answer.content
     assert streamed == answer.content  # greedy: the same text, streamed or not
@@ -64,28 +72,34 @@ def test_langchain_invokes_streams_and_batches(stack: Stack) -> None:
 def test_langchain_tools_without_parallel_calls_and_structured_output(stack: Stack) -> None:
     # Sampled, as the structured-output tests are: greedy JSON from the random tiny model
     # can run on in whitespace until max_tokens.
-    model = chat_model(stack, max_tokens=400, seed=2, temperature=1)
-    with_tools = model.bind_tools([Weather], tool_choice="Weather", parallel_tool_calls=False)
-    message = with_tools.invoke("What is the weather in Oslo?")
+    with chat_model(stack, max_tokens=400, seed=2, temperature=1) as model:
+        with_tools = model.bind_tools([Weather], tool_choice="Weather", parallel_tool_calls=False)
+        message = with_tools.invoke("What is the weather in Oslo?")
+        feeling = model.with_structured_output(Sentiment).invoke("I love the sea.")
     [call] = message.tool_calls  # type: ignore[attr-defined]
     assert call["name"] == "Weather"
     Weather.model_validate(call["args"])
 
-    structured = model.with_structured_output(Sentiment)
-    feeling = structured.invoke("I love the sea.")
     assert isinstance(feeling, Sentiment)
 
 
 def test_pydantic_ai_runs_with_its_model_settings_and_a_structured_output(stack: Stack) -> None:
-    provider = OpenAIProvider(base_url=stack.url + "/v1", api_key=ADMIN_KEY)
-    model = OpenAIChatModel(MODEL_NAME, provider=provider)
     settings = ModelSettings(
         max_tokens=8, temperature=0, parallel_tool_calls=False, logit_bias={"4": -100}
     )
-    plain = Agent(model, model_settings=settings).run_sync(QUESTION)
+    sampled = ModelSettings(max_tokens=400, seed=2, parallel_tool_calls=False)
+
+    async def run() -> tuple[Any, Any]:
+        # The agent's own OpenAI client, closed on its loop when done with.
+        async with AsyncOpenAI(base_url=stack.url + "/v1", api_key=ADMIN_KEY) as client:
+            model = OpenAIChatModel(MODEL_NAME, provider=OpenAIProvider(openai_client=client))
+            plain = await Agent(model, model_settings=settings).run(QUESTION)
+            feeling = await Agent(model, output_type=Sentiment, model_settings=sampled).run(
+                "I love it."
+            )
+        return plain, feeling
+
+    plain, feeling = asyncio.run(run())
     assert isinstance(plain.output, str)
     assert plain.usage.output_tokens == 8  # end of sequence ruled out
-
-    sampled = ModelSettings(max_tokens=400, seed=2, parallel_tool_calls=False)
-    feeling = Agent(model, output_type=Sentiment, model_settings=sampled).run_sync("I love it.")
     assert isinstance(feeling.output, Sentiment)

@@ -174,6 +174,8 @@ class LocalRun:
         """Run the batch's remaining lines on `engine` (closed at the end) until all have
         ended (True) or `stop` is set (False: lines in flight go back to queued, to run
         next time)."""
+        from prometheus_client import CollectorRegistry
+
         from worker.metrics import WorkerMetrics
         from worker.runtime import EngineRuntime
 
@@ -195,7 +197,8 @@ class LocalRun:
             events=_NoListeners(),
             worker_name=LOCAL_WORKER,
             on_fatal=give_up,
-            metrics=WorkerMetrics(),
+            # Series of its own: a local run serves none, and a process may make several.
+            metrics=WorkerMetrics(CollectorRegistry()),
             # The feeder claims the lines from the state file, as a worker's does.
             batch_queue=bulk_queue(settings.model_name),
             on_batch_lines_done=lambda _: emptied.set(),

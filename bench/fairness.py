@@ -1,4 +1,4 @@
-"""Batch work shared between tenants (issue 49), on the real engine: does a small batch
+"""Batch work shared between tenants, on the real engine: does a small batch
 wait behind another tenant's big one, does a tenant's urgent batch overtake its own
 less urgent one, do weights set the shares.
 

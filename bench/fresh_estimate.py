@@ -1,4 +1,4 @@
-"""The first batch on a freshly started deployment (issue 49): what its estimate says, as a
+"""The first batch on a freshly started deployment: what its estimate says, as a
 new user would see it, against when it really ends.
 
     python -m bench.fresh_estimate [--lines 20000] [--max-tokens 32] [--other-lines N]

@@ -1,4 +1,4 @@
-"""The pipeline's ceiling and what it costs in CPU (issue 33): single jobs (`POST
+"""The pipeline's ceiling and what it costs in CPU: single jobs (`POST
 /v1/jobs?wait=`; and, as `single_jobs_polled`, a `POST` then a long-poll `GET` for the
 result) and online chats (`POST /v1/chat/completions`, not
 streamed) through one API process, with the pipeline-only engine (no model: it answers at

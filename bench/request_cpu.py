@@ -1,8 +1,8 @@
-"""What a request costs in CPU beside the engine (issue 33): inferq's processes against
+"""What a request costs in CPU beside the engine: inferq's processes against
 `vllm serve`'s front end, on the real engine and the same prompts, in one run.
 
     python -m bench.request_cpu [--requests 1000] [--concurrency 64] [--profile DIR]
-    python -m bench.request_cpu --targets      # issue 33's plan: 16, 64 and 256 in flight
+    python -m bench.request_cpu --targets      # the whole plan: 16, 64 and 256 in flight
 
 Serve's front end is its API server process (HTTP, chat template, tokenizer, detokenizer
 and output handling); its engine core runs in processes under it. inferq's side is every
@@ -17,7 +17,7 @@ Prints each step's CPU per request and its ratio to serve's front end for the sa
 of request (batch lines and jobs: to serve's non-streamed chats), and the tokens/s ratio.
 The API's and the GPU worker's CPU are also given per thread, named by `py-spy dump`
 where py-spy is installed.
-`--targets` runs issue 33's plan instead of every step at one concurrency: streamed chats
+`--targets` runs the whole plan instead of every step at one concurrency: streamed chats
 at 16 (the first-token target there), every step at 64, single jobs and chats at 256 (the
 throughput target there); each step's name then ends in `@<concurrency>`.
 `--kinds jobs,chats` runs only those kinds of request (and serve's that they are held
@@ -291,7 +291,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--targets", action="store_true", help="issue 33's plan (see above)")
+    parser.add_argument("--targets", action="store_true", help="the whole plan (see above)")
     parser.add_argument("--model", type=Path, default=None, help="default: the bench model")
     parser.add_argument("--gpu", action="store_true", help="the reference GPU settings")
     parser.add_argument("--skip", default="", help="serve and/or inferq")

@@ -168,12 +168,18 @@ def _soak(data: dict[str, Any]) -> Values | None:
     return (data["jobs"], samples[-1]["db_mb"], data["retention"]["longest_statement_ms"])
 
 
+def _paced_workloads(data: dict[str, Any], setting: str) -> dict[str, Any]:
+    """bench.at_gpu_pace's figures by workload in `setting` (as `1w@table`); empty without."""
+    workloads: dict[str, Any] = data.get("settings", {}).get(setting, {}).get("workloads", {})
+    return workloads
+
+
 def _paced(setting: str, *workloads: str) -> Callable[[dict[str, Any]], Values | None]:
     """bench.at_gpu_pace: each workload's time over its ideal's (the same paced engine with
     every line in it at once, or kept at 256 in flight), in `setting` (as `1w@table`)."""
 
     def read(data: dict[str, Any]) -> Values | None:
-        ran = data.get("settings", {}).get(setting, {}).get("workloads", {})
+        ran = _paced_workloads(data, setting)
         found = [ran[w]["x_ideal"] for w in workloads if w in ran]
         return tuple(found) if len(found) == len(workloads) else None
 
@@ -190,7 +196,7 @@ def _paced_run(data: dict[str, Any]) -> Values | None:
 def _paced_cpu(data: dict[str, Any]) -> Values | None:
     """CPU ms every process but the client spends a batch line of the bench file while it
     runs (its ingest apart) and a single job, at the table's pace with one worker."""
-    ran = data.get("settings", {}).get("1w@table", {}).get("workloads", {})
+    ran = _paced_workloads(data, "1w@table")
     if "bench" not in ran or "jobs" not in ran:
         return None
     return (ran["bench"]["run_cpu_ms_per_line"]["all"], ran["jobs"]["cpu_ms_per_line"]["all"])

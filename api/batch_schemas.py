@@ -16,7 +16,7 @@ from inferq.wire.public import (
     BatchPublic,
     ExpiresAfter,
 )
-from inferq.wire.validation import Metadata, Priority
+from inferq.wire.sampling_fields import Metadata, Priority
 
 
 class FilePublic(BaseModel):

@@ -13,7 +13,7 @@ from inferq.store.base import Page
 from inferq.wire.compat import Lenient
 from inferq.wire.messages import ChatMessage
 from inferq.wire.public import JobPublic
-from inferq.wire.validation import Metadata, Priority, SamplingFields
+from inferq.wire.sampling_fields import Metadata, Priority, SamplingFields
 
 JobEvent = Literal["job.succeeded", "job.failed", "job.cancelled"]
 BatchEvent = Literal["batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]

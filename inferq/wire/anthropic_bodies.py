@@ -20,12 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from inferq.exceptions import InvalidRequest
 from inferq.wire.anthropic_turns import block_text, chat_tools, chat_turns
 from inferq.wire.messages import ChatMessage
+from inferq.wire.sampling_fields import MAX_STOP_SEQUENCES, SamplingFields
 from inferq.wire.structured import JsonSchemaFormat, JsonSchemaSpec
 from inferq.wire.validation import (
-    MAX_STOP_SEQUENCES,
     JobValidator,
     PreparedRequest,
-    SamplingFields,
     check_storable,
 )
 

@@ -11,13 +11,8 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from inferq.exceptions import InvalidRequest
 from inferq.wire.compat import Lenient, ignored, refusing
 from inferq.wire.messages import ChatMessage
-from inferq.wire.validation import (
-    MAX_LOGPROBS,
-    JobValidator,
-    PreparedRequest,
-    SamplingBase,
-    SamplingFields,
-)
+from inferq.wire.sampling_fields import MAX_LOGPROBS, SamplingBase, SamplingFields
+from inferq.wire.validation import JobValidator, PreparedRequest
 
 _SAMPLING_NAMES = set(SamplingBase.model_fields)
 # What the chat template is called with by inferq itself, not by `chat_template_kwargs`.

@@ -11,15 +11,11 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from inferq.wire.compat import Lenient, ignored
+from inferq.wire.sampling_fields import MAX_LOGPROBS, Metadata, SamplerFields
 from inferq.wire.structured import (
     MAX_TOOLS,
     JsonObjectFormat,
     TextFormat,
-)
-from inferq.wire.validation import (
-    MAX_LOGPROBS,
-    Metadata,
-    SamplerFields,
 )
 
 RESPONSE_ID_PREFIX = "resp_"

@@ -33,6 +33,7 @@ from inferq.wire.response_bodies import (
     ResponsesBody,
     TextConfig,
 )
+from inferq.wire.sampling_fields import SamplingFields
 from inferq.wire.structured import (
     FunctionDef,
     JsonObjectFormat,
@@ -44,11 +45,7 @@ from inferq.wire.structured import (
     Tool,
     ToolChoice,
 )
-from inferq.wire.validation import (
-    JobValidator,
-    PreparedRequest,
-    SamplingFields,
-)
+from inferq.wire.validation import JobValidator, PreparedRequest
 
 # A response's status for each state of its job (a succeeded one that ran out of
 # tokens is `incomplete`).

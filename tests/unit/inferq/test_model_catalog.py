@@ -158,7 +158,7 @@ def test_a_worker_registers_its_model_and_each_adapter() -> None:
 
 
 def _sampling():  # type: ignore[no-untyped-def]
-    from inferq.wire.validation import SamplingFields
+    from inferq.wire.sampling_fields import SamplingFields
 
     return SamplingFields(max_tokens=4)
 

@@ -15,7 +15,8 @@ from inferq.exceptions import InvalidRequest
 from inferq.wire.messages import ChatMessage
 from inferq.wire.prompts import PromptRenderer
 from inferq.wire.public import ChoicePublic
-from inferq.wire.validation import JobValidator, SamplingFields
+from inferq.wire.sampling_fields import SamplingFields
+from inferq.wire.validation import JobValidator
 from worker.engine.tool_calls import with_tool_calls
 
 SCHEMA = {

@@ -8,7 +8,8 @@ from pydantic import ValidationError
 from inferq.exceptions import InvalidRequest
 from inferq.wire.messages import ChatMessage
 from inferq.wire.prompts import PromptRenderer
-from inferq.wire.validation import JobValidator, SamplingFields
+from inferq.wire.sampling_fields import SamplingFields
+from inferq.wire.validation import JobValidator
 
 
 @pytest.fixture

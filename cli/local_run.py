@@ -1,7 +1,7 @@
 """`inferq run FILE`: one batch on this machine, with no Redis, Postgres or Docker.
 
 The pieces are a deployment's, embedded: the SQLAlchemy store and its Alembic migrations
-on SQLite (the state file), and the GPU worker's runtime (its feeder claims the lines
+on SQLite (the state file), and the GPU worker's gpu_worker (its feeder claims the lines
 from the state file, as a worker's claims them from Postgres). A line's result is
 committed to the state file before it counts as done, so a run that is interrupted
 (Ctrl-C, or killed outright) and started again with the same state file skips the lines
@@ -92,7 +92,7 @@ class Progress:
 
 
 class LocalRun:
-    """One input file's batch in a SQLite state file, run by an embedded GPU runtime."""
+    """One input file's batch in a SQLite state file, run by an embedded GPU gpu_worker."""
 
     def __init__(self, settings: Settings, *, state: Path) -> None:
         self.settings = settings
@@ -176,8 +176,8 @@ class LocalRun:
         next time)."""
         from prometheus_client import CollectorRegistry
 
+        from worker.gpu_worker import GpuWorker
         from worker.metrics import WorkerMetrics
-        from worker.runtime import EngineRuntime
 
         settings = self.settings
         on_progress(self.progress(batch_id))
@@ -190,7 +190,7 @@ class LocalRun:
         # Set when no line of the batch is held any more: its last lines may have ended,
         # which is looked at then rather than at the next poll.
         emptied = threading.Event()
-        runtime = EngineRuntime.from_settings(
+        gpu_worker = GpuWorker.from_settings(
             settings,
             store=self.jobs,
             engine=engine,
@@ -201,9 +201,9 @@ class LocalRun:
             metrics=WorkerMetrics(CollectorRegistry()),
             # The feeder claims the lines from the state file, as a worker's does.
             batch_queue=bulk_queue(settings.model_name),
-            on_batch_lines_done=lambda _: emptied.set(),
+            batches=_Emptied(emptied),
         )
-        runtime.start()
+        gpu_worker.start()
         try:
             look_at = time.monotonic() + poll_s
             while not stop.is_set():
@@ -217,8 +217,8 @@ class LocalRun:
                     break
         finally:
             if stop.is_set():
-                runtime.drain(timeout_s=0)
-            runtime.stop()  # the engine loop closes its engine
+                gpu_worker.drain(timeout_s=0)
+            gpu_worker.stop()  # the engine loop closes its engine
         if fatal:
             raise InferqError(f"the engine cannot go on: {fatal[0]}")
         on_progress(self.progress(batch_id))
@@ -265,7 +265,7 @@ class LocalRun:
     def _take_back_lines_in_flight(self, batch_id: str) -> None:
         """Lines a killed run had in the engine were never written: queue them again."""
         for job_ids in self.batches.job_id_chunks(batch_id, statuses=(JobStatus.RUNNING,)):
-            self.jobs.release_jobs(job_ids, worker=LOCAL_WORKER, requeue_after_s=0)
+            self.jobs.give_back_jobs(job_ids, worker=LOCAL_WORKER, requeue_after_s=0)
 
 
 class _NoBroker:
@@ -283,6 +283,17 @@ class _NoBroker:
 
     def cancelled(self, job_ids: Sequence[str]) -> None:
         pass
+
+
+class _Emptied:
+    """Sets `event` when no line of a batch is held any more: its last lines may have
+    ended, which the run then looks at rather than at its next poll."""
+
+    def __init__(self, event: threading.Event) -> None:
+        self._event = event
+
+    def lines_ended(self, batch_ids: set[str]) -> None:  # noqa: ARG002 (any batch: the run's)
+        self._event.set()
 
 
 class _NoListeners:

@@ -48,7 +48,7 @@ from inferq.wire.model_catalog import ModelCatalog, RequestLimits
 class App:
     """One per process. `pool_size`: the database connections it keeps open (each thread
     that talks to Postgres at once needs one); `pre_ping`: see `make_engine`;
-    `hold_connections`: the job store's threads keep theirs (see `inferq.store.base.Store`)."""
+    `keep_connections`: the job store's threads keep theirs (see `inferq.store.base.Store`)."""
 
     def __init__(
         self,
@@ -56,12 +56,12 @@ class App:
         *,
         pool_size: int = 10,
         pre_ping: bool = True,
-        hold_connections: bool = False,
+        keep_connections: bool = False,
     ) -> None:
         self.settings = settings
         self._pool_size = pool_size
         self._pre_ping = pre_ping
-        self._hold_connections = hold_connections
+        self._keep_connections = keep_connections
 
     def close(self) -> None:
         """Let go of the database connections (a process that ends need not call it)."""
@@ -118,7 +118,7 @@ class App:
         return JobStore(
             self.sessions,
             on_webhooks=self.publisher.publish_webhooks,
-            hold_connections=self._hold_connections,
+            keep_connections=self._keep_connections,
         )
 
     @cached_property

@@ -259,8 +259,9 @@ class Door:
 
     # Jobs ending.
 
-    def release(self, job_ids: Sequence[str], *, returned: bool = False) -> list[Ticket]:
-        """Stop holding these jobs and end their tickets; returns those that were held."""
+    def let_go(self, job_ids: Sequence[str], *, returned: bool = False) -> list[Ticket]:
+        """Stop holding these jobs (ended, given back or cancelled) and end their tickets;
+        returns those that were held."""
         with self._changed:
             tickets = [t for t in (self._held.pop(j, None) for j in job_ids) if t is not None]
             if tickets:

@@ -4,15 +4,16 @@ Each pass claims, in one transaction: first the single jobs asked for that did n
 when asked (oldest message first, once they fit); then, while no single job is asked
 for and there is room for half a micro-batch, batch lines of its queues, no more than
 its share of those left between its peers, in the order work is shared between tenants
-(inferq/store/batch_claims.py). What it claims goes to the admission queue
-(`on_claimed`). Postgres keeps the lines: an announcement only wakes it sooner, and it
-looks again every `poll_s` regardless."""
+(inferq/store/batch_claims.py). What it claims it hands to the GPU worker
+(`Admits.admit`), for the admission queue. Postgres keeps the lines: an announcement only
+wakes it sooner, and it looks again every `poll_s` regardless."""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from inferq.domain.fair_share import FleetShare
 from inferq.domain.jobs import ClaimedJob
@@ -36,6 +37,13 @@ ALL_THE_ROOM = 1 << 30
 MAX_FAILED_CLAIMS = 5
 
 
+class Admits(Protocol):
+    """What the feeder hands claimed jobs to: the GPU worker (worker/gpu_worker.py)."""
+
+    def admit(self, claimed: Sequence[ClaimedJob], *, single: bool) -> None:
+        """Jobs just claimed and held; `single`: single jobs, else batch lines."""
+
+
 class Feeder(supervision.SupervisedThread):
     """A thread that claims single jobs asked for, then batch lines, while there is room."""
 
@@ -51,7 +59,7 @@ class Feeder(supervision.SupervisedThread):
         worker_name: str,
         lease_s: int,
         micro_batch: int,
-        on_claimed: Callable[[Sequence[ClaimedJob], bool], object],
+        admits: Admits,
         peers: Callable[[], int] = lambda: 1,
         poll_s: float = POLL_S,
     ) -> None:
@@ -59,7 +67,7 @@ class Feeder(supervision.SupervisedThread):
         takes all the room there is, up to this worker's share of the lines left between
         its `peers` (the workers on the queue, itself included), but waits for room for
         half a `micro_batch`, so claims stay few while the admission queue still holds
-        lines. `on_claimed` hears what was claimed, and whether it is single jobs."""
+        lines. `admits` is handed what was claimed."""
         self._store = store
         self._door = door
         self._batch_queue = batch_queue
@@ -67,7 +75,7 @@ class Feeder(supervision.SupervisedThread):
         self._lease_s = lease_s
         self._micro_batch = micro_batch
         self._least = max(1, micro_batch // 2)
-        self._on_claimed = on_claimed
+        self._admits = admits
         self._peers = peers
         self._poll_s = poll_s
         self._backoff = 0.1
@@ -140,7 +148,7 @@ class Feeder(supervision.SupervisedThread):
         self._claimed()
         to_run, _ = self._door.hold(claimed, taken=taken)
         if to_run:
-            self._on_claimed(to_run, True)
+            self._admits.admit(to_run, single=True)
 
     def _claim_lines(self, queue: str, room: int) -> int | None:
         """Claim up to `room` lines; how many it got (None if the claim failed)."""
@@ -162,7 +170,7 @@ class Feeder(supervision.SupervisedThread):
         self._claimed()
         to_run, _ = self._door.hold(claimed, reserved=room)
         if to_run:
-            self._on_claimed(to_run, False)
+            self._admits.admit(to_run, single=False)
         return len(claimed)
 
     def _claimed(self) -> None:

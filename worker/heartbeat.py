@@ -18,8 +18,8 @@ from inferq.broker.worker_registry import HEARTBEAT_EVERY_S, WorkerRegistry, Wor
 from inferq.exceptions import BrokerUnavailable, StoreUnavailable
 from inferq.host import supervision
 from inferq.store.engine_speeds import SpeedStore
+from worker.gpu_worker import GpuWorker
 from worker.probes import State
-from worker.runtime import EngineRuntime
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class Heartbeat(supervision.SupervisedThread):
         self,
         registry: WorkerRegistry,
         *,
-        runtime: EngineRuntime,
+        gpu_worker: GpuWorker,
         model: str,
         runner: str,
         adapters: list[str],
@@ -52,7 +52,7 @@ class Heartbeat(supervision.SupervisedThread):
         self._state = state
         self._slots = slots
         self._speeds = speeds
-        self._runtime = runtime
+        self._gpu_worker = gpu_worker
         self._model = model
         self._runner = runner
         self._adapters = adapters
@@ -70,7 +70,7 @@ class Heartbeat(supervision.SupervisedThread):
         """End the thread, then take this worker off the registry."""
         super().stop(timeout_s)
         with contextlib.suppress(RedisError):
-            self._registry.leave(self._runtime.worker_name)
+            self._registry.leave(self._gpu_worker.worker_name)
 
     def _run(self) -> None:
         beat_at = time.monotonic()
@@ -80,22 +80,22 @@ class Heartbeat(supervision.SupervisedThread):
             if time.monotonic() - beat_at >= HEARTBEAT_EVERY_S - FIRST_RATE_EVERY_S / 2:
                 beat_at = time.monotonic()
                 self._beat()
-            elif self._runtime.loop.sequences:
+            elif self._gpu_worker.loop.sequences:
                 self._report_speed()
 
     def _beat(self) -> None:
-        minute = self._runtime.last_minute.total()
-        taken, room = self._runtime.progress(slots=self._slots)
+        minute = self._gpu_worker.last_minute.total()
+        taken, room = self._gpu_worker.progress(slots=self._slots)
         status = WorkerStatus(
-            name=self._runtime.worker_name,
+            name=self._gpu_worker.worker_name,
             model=self._model,
             runner=self._runner,
             adapters=self._adapters,
             gpus=self._gpus,
             started_at=self._started_at,
-            jobs_held=self._runtime.held,
-            sequences_in_flight=self._runtime.loop.sequences,
-            engine_restarts=self._runtime.loop.engine_restarts,
+            jobs_held=self._gpu_worker.held,
+            sequences_in_flight=self._gpu_worker.loop.sequences,
+            engine_restarts=self._gpu_worker.loop.engine_restarts,
             jobs_last_minute=minute.jobs,
             prompt_tokens_last_minute=minute.prompt_tokens,
             generated_tokens_last_minute=minute.generated_tokens,
@@ -106,7 +106,7 @@ class Heartbeat(supervision.SupervisedThread):
         )
         try:
             self._registry.beat(status)
-            self._runtime.peers = self._peers()
+            self._gpu_worker.peers = self._peers()
         except (RedisError, BrokerUnavailable) as exc:
             log.warning("heartbeat failed: %s", exc)
         self._report_speed()
@@ -119,10 +119,10 @@ class Heartbeat(supervision.SupervisedThread):
         return max(1, mine)
 
     def _report_speed(self) -> None:
-        reading = self._runtime.speed.reading()
+        reading = self._gpu_worker.speed.reading()
         try:
             self._speeds.report(
-                worker=self._runtime.worker_name,
+                worker=self._gpu_worker.worker_name,
                 model=self._model,
                 runner=self._runner,
                 tokens_per_s=reading.full_tokens_per_s,

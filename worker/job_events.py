@@ -10,7 +10,7 @@ from redis.exceptions import RedisError
 
 from inferq.broker.events import cancel_channel, decode_ids, lines_channel
 from inferq.host import supervision
-from worker.runtime import EngineRuntime
+from worker.gpu_worker import GpuWorker
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +33,13 @@ class JobEventListener(supervision.SupervisedThread):
         redis: Redis,
         *,
         key_prefix: str,
-        runtime: EngineRuntime,
+        gpu_worker: GpuWorker,
         batch_queue: str | None = None,
     ) -> None:
         self._redis = redis
         self._cancel = cancel_channel(key_prefix)
         self._lines = None if batch_queue is None else lines_channel(key_prefix, batch_queue)
-        self._runtime = runtime
+        self._gpu_worker = gpu_worker
         super().__init__()
 
     def _run(self) -> None:
@@ -60,8 +60,8 @@ class JobEventListener(supervision.SupervisedThread):
                     continue
                 channel = message["channel"]
                 if (channel.decode() if isinstance(channel, bytes) else channel) == self._lines:
-                    self._runtime.wake_batches()
+                    self._gpu_worker.wake_batches()
                 else:
-                    self._runtime.cancel(decode_ids(message["data"]))
+                    self._gpu_worker.cancel(decode_ids(message["data"]))
         finally:
             pubsub.close()

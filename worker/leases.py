@@ -5,20 +5,34 @@ A held job's lease is renewed, so maintenance does not hand it to another worker
 asked for at the door and not claimed yet is still queued, but its message is here: it is
 marked as published just now, so maintenance does not think the message lost and publish
 it again. A job whose lease cannot be renewed was cancelled, finished elsewhere or taken
-over; the keeper reports it lost and the runtime stops work on it (this also catches a
+over; the keeper tells the GPU worker to stop work on it (this also catches a
 cancellation whose pub/sub message went missing).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 from inferq.exceptions import StoreUnavailable
 from inferq.host import supervision
 from worker.store import WorkerStore
 
 log = logging.getLogger(__name__)
+
+
+class Holder(Protocol):
+    """Whose leases the keeper renews: the GPU worker (worker/gpu_worker.py)."""
+
+    def held_ids(self) -> list[str]:
+        """The jobs it holds."""
+
+    def asked_ids(self) -> list[str]:
+        """The single jobs whose messages wait to claim them."""
+
+    def cancel(self, job_ids: Sequence[str]) -> None:
+        """Stop work on held jobs that are no longer its own."""
 
 
 class LeaseKeeper(supervision.SupervisedThread):
@@ -32,18 +46,12 @@ class LeaseKeeper(supervision.SupervisedThread):
         store: WorkerStore,
         worker_name: str,
         lease_s: int,
-        held: Callable[[], list[str]],
-        waiting: Callable[[], list[str]],
-        on_lost: Callable[[Sequence[str]], None],
+        holder: Holder,
     ) -> None:
-        """`held` lists the jobs this worker holds, `waiting` those whose tasks wait to
-        claim them; `on_lost` hears of held jobs that are no longer this worker's."""
         self._store = store
         self._worker_name = worker_name
         self._lease_s = lease_s
-        self._held = held
-        self._waiting = waiting
-        self._on_lost = on_lost
+        self._holder = holder
         super().__init__()
 
     def _run(self) -> None:
@@ -52,8 +60,8 @@ class LeaseKeeper(supervision.SupervisedThread):
             self._renew()
 
     def _renew(self) -> None:
-        held = self._held()
-        waiting = self._waiting()
+        held = self._holder.held_ids()
+        waiting = self._holder.asked_ids()
         try:
             self._store.touch_published(waiting)
         except StoreUnavailable as exc:
@@ -65,4 +73,4 @@ class LeaseKeeper(supervision.SupervisedThread):
             return
         if lost:
             log.info("%d jobs were cancelled or taken over; dropping them", len(lost))
-            self._on_lost(sorted(lost))
+            self._holder.cancel(sorted(lost))

@@ -16,9 +16,10 @@ from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 
 from inferq.broker.token_stream import RunStarted, TokenEvent
-from inferq.domain.jobs import JobError, JobOutcome, is_interactive
+from inferq.domain.jobs import JobError, JobOutcome
 from inferq.exceptions import EngineError, RequestRejected
 from inferq.host import supervision
 from worker.admission import AdmissionQueue
@@ -30,6 +31,19 @@ log = logging.getLogger(__name__)
 
 IDLE_POLL_S = 0.05
 STATS_EVERY_S = 2.0
+
+
+class Outcomes(Protocol):
+    """Where the loop hands each job's outcome: the result writer (worker/writer.py)."""
+
+    def put(self, outcome: JobOutcome) -> None: ...
+
+
+class Tokens(Protocol):
+    """Where streamed jobs' tokens go: the token publisher (worker/token_publisher.py).
+    `put` must not block: it runs on the loop's thread."""
+
+    def put(self, events: Sequence[TokenEvent]) -> None: ...
 
 
 @dataclass
@@ -52,23 +66,23 @@ class EngineLoop(supervision.SupervisedThread):
         engine: Engine,
         engine_factory: Callable[[], Engine],
         admission: AdmissionQueue,
-        on_outcome: Callable[[JobOutcome], None],
+        writer: Outcomes,
         on_fatal: Callable[[BaseException], None],
         metrics: WorkerMetrics,
         speed: Speedometer,
         max_num_seqs: int,
         interactive_seqs: int = 0,
         max_engine_deaths: int = 3,
-        on_tokens: Callable[[Sequence[TokenEvent]], None] | None = None,
+        tokens: Tokens | None = None,
     ) -> None:
-        """`on_tokens` hears, in order, when each streamed request enters the engine and
-        what every step adds to it; it must not block (it runs on the loop's thread)."""
+        """`writer` is handed every outcome; `tokens`, in order, when each streamed request
+        enters the engine and what every step adds to it."""
         self._engine = engine
         self._engine_factory = engine_factory
         self._admission = admission
-        self._on_outcome = on_outcome
+        self._writer = writer
         self._on_fatal = on_fatal
-        self._on_tokens = on_tokens
+        self._tokens = tokens
         self._max_num_seqs = max_num_seqs
         self._interactive_seqs = interactive_seqs
         self._max_engine_deaths = max_engine_deaths
@@ -178,8 +192,8 @@ class EngineLoop(supervision.SupervisedThread):
         except EngineError as exc:
             # Dead before the request went in: keep it, and recover on the next step.
             log.warning("engine died while admitting %s: %s", request.job_id, exc)
-        if request.stream and self._on_tokens is not None:
-            self._on_tokens([RunStarted(job_id=request.job_id)])
+        if request.stream and self._tokens is not None:
+            self._tokens.put([RunStarted(job_id=request.job_id)])
         now = datetime.now(UTC)
         self._in_flight[request.job_id] = _InFlight(request, now)
         self._sequences += request.sampling.sequences
@@ -193,8 +207,8 @@ class EngineLoop(supervision.SupervisedThread):
         except EngineError as exc:
             self._recover(exc)
             return
-        if self._on_tokens is not None and (deltas := self._engine.deltas()):
-            self._on_tokens(deltas)
+        if self._tokens is not None and (deltas := self._engine.deltas()):
+            self._tokens.put(deltas)
         for item in finished:
             entry = self._drop(item.job_id)
             if entry is None:  # aborted while it ran
@@ -208,19 +222,18 @@ class EngineLoop(supervision.SupervisedThread):
             self._metrics.jobs_finished.labels("succeeded", reason).inc()
             self._metrics.prompt_tokens.inc(result.prompt_tokens)
             self._metrics.generation_tokens.inc(result.completion_tokens)
-            interactive = is_interactive(entry.request.priority)
             self._speed.finished(
                 prompt_tokens=result.prompt_tokens,
                 completion_tokens=result.completion_tokens,
                 max_tokens=entry.request.sampling.max_tokens * entry.request.sampling.n,
-                interactive=interactive,
+                interactive=not entry.request.bulk,
             )
-            self._on_outcome(
+            self._writer.put(
                 JobOutcome(
                     job_id=item.job_id,
                     result=result,
                     started_at=entry.admitted_at,
-                    bulk=not interactive,
+                    bulk=entry.request.bulk,
                 )
             )
 
@@ -259,7 +272,7 @@ class EngineLoop(supervision.SupervisedThread):
         entry = self._drop(job_id)
         self._forget(job_id)
         self._metrics.jobs_finished.labels("failed", error.code).inc()
-        self._on_outcome(
+        self._writer.put(
             JobOutcome(job_id=job_id, error=error, started_at=entry.admitted_at if entry else None)
         )
 

@@ -6,7 +6,7 @@ import logging
 import os
 import re
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from celery import Celery
 from celery.signals import worker_shutting_down
@@ -27,11 +27,11 @@ from inferq.store.migrate import check_schema
 from worker import probes
 from worker.engine.factory import build_engine
 from worker.fleet import PeerBacklog
+from worker.gpu_worker import GpuWorker
 from worker.heartbeat import Heartbeat
 from worker.job_events import JobEventListener
 from worker.metrics import WorkerMetrics, gpu_names, register_gpu_collector
 from worker.registration import served_models
-from worker.runtime import EngineRuntime
 from worker.tasks import register_gpu_tasks
 from worker.token_publisher import TokenPublisher
 
@@ -72,7 +72,7 @@ def _serve_metrics(port: int, state: probes.State) -> None:
 def _stall_watch(
     settings: Settings,
     *,
-    runtime: EngineRuntime,
+    gpu_worker: GpuWorker,
     consumer: Celery,
     queues: Sequence[str],
     monitor: QueueMonitor,
@@ -88,14 +88,14 @@ def _stall_watch(
     )
 
     def read() -> Progress:
-        taken, room = runtime.progress(slots=settings.effective_worker_concurrency)
+        taken, room = gpu_worker.progress(slots=settings.effective_worker_concurrency)
         elsewhere = taken_by_peers(taken)
         waiting = sum(monitor.depth(q) for q in queues) + elsewhere
         return Progress(taken=taken, room=room, waiting=waiting, taken_by_peers=elsewhere)
 
     def give_up(why: str) -> None:
         # Jobs in the engine get the drain's time to finish; the rest go back at once.
-        runtime.drain(settings.drain_timeout_s)
+        gpu_worker.drain(settings.drain_timeout_s)
         log.critical("the GPU worker exits (%d) to be restarted: %s", EXIT_STUCK, why)
         logging.shutdown()
         os._exit(EXIT_STUCK)
@@ -109,14 +109,16 @@ def _stall_watch(
     )
 
 
-def _batch_finisher(batches: BatchStore, publisher: JobPublisher) -> Callable[[set[str]], None]:
+class _BatchEndings:
     """After a batch's lines are written: if none is left, ask for its output files."""
 
-    def finish(batch_ids: set[str]) -> None:
-        for batch_id in batches.finished(sorted(batch_ids)):
-            publisher.publish_finalize(batch_id)
+    def __init__(self, batches: BatchStore, publisher: JobPublisher) -> None:
+        self._batches = batches
+        self._publisher = publisher
 
-    return finish
+    def lines_ended(self, batch_ids: set[str]) -> None:
+        for batch_id in self._batches.finished(sorted(batch_ids)):
+            self._publisher.publish_finalize(batch_id)
 
 
 def run_worker(settings: Settings, *, name: str | None = None) -> None:
@@ -134,7 +136,7 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
     # Every store call of the worker is retried, so a database restart may cost one. The
     # threads that claim and flush (Celery's consumer, the feeder, the writer) keep a
     # connection each, beside the pool's four for the rest.
-    app = App(settings, pool_size=7, pre_ping=False, hold_connections=True)
+    app = App(settings, pool_size=7, pre_ping=False, keep_connections=True)
     # Known before the weights load (minutes, for a large model): the API accepts and
     # queues the model's work from now on, where it would say 404 until the worker is up.
     if announced := app.served_models.announce(served_by(settings)):
@@ -148,7 +150,7 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
             ttl_s=settings.stream_ttl_s,
         )
     )
-    runtime = EngineRuntime.from_settings(
+    gpu_worker = GpuWorker.from_settings(
         settings,
         store=app.jobs,
         engine=engine,
@@ -157,30 +159,30 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
         on_fatal=_die,
         metrics=metrics,
         batch_queue=bulk_queue(settings.model_name),
-        on_batch_lines_done=_batch_finisher(app.batches, app.publisher),
-        on_tokens=tokens.put,
+        batches=_BatchEndings(app.batches, app.publisher),
+        tokens=tokens,
     )
     model = settings.model_name
     cancels = JobEventListener(
         app.redis,
         key_prefix=settings.redis_key_prefix,
-        runtime=runtime,
+        gpu_worker=gpu_worker,
         batch_queue=bulk_queue(settings.model_name),
     )
     queues = gpu_queues(model)
     consumer = make_celery(settings, serving=model)
     # SIGINT/SIGQUIT (cold shutdown) wait as long as the drain does before cancelling.
     consumer.conf.worker_soft_shutdown_timeout = settings.drain_timeout_s
-    register_gpu_tasks(consumer, runtime)
+    register_gpu_tasks(consumer, gpu_worker)
 
     def drain_on_shutdown(**_: object) -> None:
         # Celery stops consuming and waits for running tasks; the drain makes them end.
-        supervision.thread(runtime.drain, args=(settings.drain_timeout_s,), name="drain").start()
+        supervision.thread(gpu_worker.drain, args=(settings.drain_timeout_s,), name="drain").start()
 
     worker_shutting_down.connect(drain_on_shutdown, weak=False)
     heartbeat = Heartbeat(
         app.workers,
-        runtime=runtime,
+        gpu_worker=gpu_worker,
         model=model,
         runner=settings.runner,
         adapters=sorted(settings.lora_adapters),
@@ -191,7 +193,7 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
     )
     watch = state.watch = _stall_watch(
         settings,
-        runtime=runtime,
+        gpu_worker=gpu_worker,
         consumer=consumer,
         queues=queues,
         monitor=app.queues,
@@ -199,8 +201,8 @@ def run_worker(settings: Settings, *, name: str | None = None) -> None:
         worker_name=worker_name,
     )
     # The worker's side threads, started here and stopped in the reverse order (the
-    # runtime's own: worker/runtime.py).
-    threads = supervision.SideThreads(tokens, runtime, cancels, heartbeat, watch)
+    # GpuWorker's own: worker/gpu_worker.py).
+    threads = supervision.SideThreads(tokens, gpu_worker, cancels, heartbeat, watch)
     threads.start()
     # The API accepts these names from now on; their jobs wait in the queues until taken.
     served = served_models(settings, engine)

@@ -1,7 +1,7 @@
 """The GPU worker's Celery pool: no thread waits on a message.
 
 A message's task runs in Celery's consumer thread, where it asks for its jobs at the
-door (worker/runtime.py) and returns at once. The pool keeps the task's report back
+door (worker/gpu_worker.py) and returns at once. The pool keeps the task's report back
 until those jobs have ended and makes it from the thread that ended the last one (the
 writer's, after the commit): Celery then acknowledges the message, or puts it back if
 its jobs were given back. A message with nothing to wait on (a batch's wake-up, a
@@ -53,7 +53,7 @@ class DoorPool(BasePool):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._held = 0
-        self._released = threading.Condition()
+        self._reported = threading.Condition()
 
     def on_apply(
         self,
@@ -75,24 +75,24 @@ class DoorPool(BasePool):  # type: ignore[misc]
         if wait is None:
             callback(result)
             return
-        with self._released:
+        with self._reported:
             self._held += 1
 
         def done(returned: bool) -> None:
             try:
                 callback(_outcome(result, returned, time.monotonic() - started))
             finally:
-                with self._released:
+                with self._reported:
                     self._held -= 1
-                    self._released.notify_all()
+                    self._reported.notify_all()
 
         wait(done)
 
     def on_stop(self) -> None:
         """A warm shutdown: wait for the messages held (the drain ends their jobs)."""
-        with self._released:
+        with self._reported:
             while self._held:
-                self._released.wait()
+                self._reported.wait()
         super().on_stop()
 
     def _get_info(self) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """What the GPU worker asks of the job store.
 
 `inferq.store.jobs.JobStore` is the store (these calls are its `inferq.store.job_leases`
-half); the runtime, the lease keeper and the result writer depend only on these calls, so
+half); the GPU worker, the lease keeper and the result writer depend only on these calls, so
 unit tests can run them on an in-memory store.
 Every call may raise `StoreUnavailable` while the database cannot be reached.
 """
@@ -39,7 +39,7 @@ class WorkerStore(Protocol):
     def touch_published(self, job_ids: Sequence[str]) -> None:
         """Note that these queued jobs' messages are held by a live worker right now."""
 
-    def release_jobs(
+    def give_back_jobs(
         self, job_ids: Sequence[str], *, worker: str, requeue_after_s: int
     ) -> list[str]:
         """Give `worker`'s unfinished jobs back (status queued); return the ids given back."""

@@ -1,4 +1,4 @@
-"""Celery tasks of the GPU worker, bound to the runtime built at start-up."""
+"""Celery tasks of the GPU worker, bound to the GpuWorker built at start-up."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from celery.exceptions import Reject
 from inferq.constants import RUN_JOBS_TASK
 from inferq.domain.queue_names import is_bulk
 from inferq.exceptions import JobsReturned
+from worker.gpu_worker import GpuWorker
 from worker.pool import Handoff, door_pool
-from worker.runtime import EngineRuntime
 
 
-def register_gpu_tasks(app: Celery, runtime: EngineRuntime) -> None:
-    """Register `run_jobs` on `app`, running on `runtime`, and the pool that runs it
+def register_gpu_tasks(app: Celery, gpu_worker: GpuWorker) -> None:
+    """Register `run_jobs` on `app`, running on `gpu_worker`, and the pool that runs it
     (worker/pool.py)."""
     handoff = Handoff()
     app.conf.worker_pool = door_pool(handoff)
@@ -27,10 +27,10 @@ def register_gpu_tasks(app: Celery, runtime: EngineRuntime) -> None:
         which claims its lines."""
         queue = (self.request.delivery_info or {}).get("routing_key")
         if queue is not None and is_bulk(queue):
-            runtime.wake_batches()
+            gpu_worker.wake_batches()
             return
         try:
-            handoff.put(self.request.id, runtime.ask(job_ids))
+            handoff.put(self.request.id, gpu_worker.take(job_ids))
         except JobsReturned as exc:
             # Not acknowledged: the message goes back to Redis for another worker.
             raise Reject(exc.message, requeue=True) from exc

@@ -1,12 +1,12 @@
 """The result writer: finished outcomes go to Postgres in bulk, one transaction a flush.
 
-Only after the commit does it report them (`on_committed`): a message is acknowledged
+Only after the commit does it hand them on (`Ends.committed`): a message is acknowledged
 only once its jobs' outcomes are stored. If the database is down the writer keeps the
 outcomes and retries; an outcome that cannot be stored at all is written alone as a
 failure, so one bad result never blocks the others. A single job's result is flushed at
 once after a quiet spell, and `flush_ms` after the last write under load; batch lines'
 wait up to `bulk_wait_s` (or until `BULK_GATHER` of them) unless a single job's result
-takes them along or nothing more is on its way (`more_coming`)."""
+takes them along or nothing more is on its way (`Ends.more_coming`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 from inferq.domain.jobs import JobError, JobOutcome
 from inferq.exceptions import StoreUnavailable
@@ -30,6 +31,18 @@ BULK_WAIT_S = 1.0
 BULK_GATHER = 32
 
 
+class Ends(Protocol):
+    """What the writer hands committed outcomes to: the GPU worker (worker/gpu_worker.py)."""
+
+    def committed(self, outcomes: Sequence[JobOutcome], written: Sequence[str]) -> None:
+        """`outcomes` were written; `written` are the jobs whose outcome was stored (one
+        cancelled or taken over meanwhile is not)."""
+
+    def more_coming(self) -> bool:
+        """Whether outcomes are on their way that have not been put (jobs held and not
+        finished): batch lines wait for company only while some are."""
+
+
 class ResultWriter(supervision.SupervisedThread):
     """Collects outcomes from the engine loop and writes them in bulk, in its own thread;
     `stop` writes everything already put, then ends it."""
@@ -42,17 +55,13 @@ class ResultWriter(supervision.SupervisedThread):
         *,
         store: WorkerStore,
         flush_ms: int,
-        on_committed: Callable[[Sequence[JobOutcome], Sequence[str]], None],
+        ends: Ends,
         bulk_wait_s: float = BULK_WAIT_S,
-        more_coming: Callable[[], bool] = lambda: True,
     ) -> None:
-        """`more_coming`: whether outcomes are on their way that have not been put (jobs
-        held and not finished); batch lines wait for company only while some are."""
         self._store = store
-        self._more_coming = more_coming
+        self._ends = ends
         self._flush_s = flush_ms / 1000
         self._bulk_wait_s = bulk_wait_s
-        self._on_committed = on_committed
         self._queue: queue.SimpleQueue[JobOutcome | None] = queue.SimpleQueue()
         self._pending = 0  # put and not yet committed
         self._pending_lock = threading.Lock()
@@ -60,7 +69,7 @@ class ResultWriter(supervision.SupervisedThread):
 
     @property
     def pending(self) -> int:
-        """Outcomes put and not yet committed (nor handed to `on_committed`)."""
+        """Outcomes put and not yet committed (nor handed on)."""
         return self._pending
 
     def put(self, outcome: JobOutcome) -> None:
@@ -91,7 +100,7 @@ class ResultWriter(supervision.SupervisedThread):
         urgent = max(time.monotonic(), not_before)
         deadline = urgent if not first.bulk else max(urgent, time.monotonic() + self._bulk_wait_s)
         while len(batch) < (MAX_FLUSH if deadline <= urgent else BULK_GATHER):
-            if deadline > urgent and self._queue.empty() and not self._more_coming():
+            if deadline > urgent and self._queue.empty() and not self._ends.more_coming():
                 break
             try:
                 item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
@@ -116,7 +125,7 @@ class ResultWriter(supervision.SupervisedThread):
                 continue
             break
         try:
-            self._on_committed(batch, written)
+            self._ends.committed(batch, written)
         finally:
             with self._pending_lock:
                 self._pending -= len(batch)

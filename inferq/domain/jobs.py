@@ -137,11 +137,6 @@ def engine_priority(priority: int, *, interactive: bool) -> int:
     return priority if interactive else _BULK_PRIORITY_OFFSET + priority
 
 
-def is_interactive(engine_priority: int) -> bool:
-    """Whether a request of this engine priority is a single job (not a batch line)."""
-    return engine_priority < _BULK_PRIORITY_OFFSET
-
-
 class ServiceTier(enum.StrEnum):
     """How an online request is scheduled (OpenAI's `service_tier`); `auto` runs as
     `default`."""

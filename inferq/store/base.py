@@ -57,16 +57,16 @@ class Store:
         sessions: sessionmaker[Session],
         *,
         clock: Callable[[], datetime] = utcnow,
-        hold_connections: bool = False,
+        keep_connections: bool = False,
     ) -> None:
-        """`hold_connections`: each thread keeps the driver's connection it used last
+        """`keep_connections`: each thread keeps the driver's connection it used last
         (`_driver`), for a process whose few threads make the same statements all day (a
         GPU worker)."""
         self._sessions = sessions
         self._engine: Engine = sessions.kw["bind"]
         self._autocommit = self._engine.execution_options(isolation_level="AUTOCOMMIT")
         self._clock = clock
-        self._held = _HeldConnections() if hold_connections else None
+        self._held = _KeptConnections() if keep_connections else None
         # Which database this is, asked once (else SQLite): inferq/store/dialects.py.
         self._postgres = on_postgres(self._engine)
 
@@ -179,7 +179,7 @@ class _Holder:
             self.let_go()
 
 
-class _HeldConnections(threading.local):
+class _KeptConnections(threading.local):
     holder: _Holder | None = None
 
 

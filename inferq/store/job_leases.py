@@ -80,7 +80,7 @@ class JobLeases(OutboxStore):
             held = set(session.scalars(statement).all())
         return set(job_ids) - held
 
-    def release_jobs(
+    def give_back_jobs(
         self, job_ids: Sequence[str], *, worker: str, requeue_after_s: int
     ) -> list[str]:
         """Give `worker`'s unfinished jobs back (status queued), e.g. when it shuts down.

@@ -31,11 +31,11 @@ class OutboxStore(Store):
         *,
         clock: Callable[[], datetime] = utcnow,
         on_webhooks: Callable[[], None] | None = None,
-        hold_connections: bool = False,
+        keep_connections: bool = False,
     ) -> None:
         """`on_webhooks` is called after a commit that queued webhook deliveries (to wake
         the delivery worker); if it fails, maintenance finds them anyway."""
-        super().__init__(sessions, clock=clock, hold_connections=hold_connections)
+        super().__init__(sessions, clock=clock, keep_connections=keep_connections)
         self._on_webhooks = on_webhooks
 
     def _wake_delivery(self, queued: int) -> None:

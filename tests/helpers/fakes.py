@@ -241,10 +241,10 @@ class MemoryJobStore:
         with self._call("touch_published"):
             self.touched.extend(job_ids)
 
-    def release_jobs(
+    def give_back_jobs(
         self, job_ids: Sequence[str], *, worker: str, requeue_after_s: int
     ) -> list[str]:
-        with self._call("release_jobs"):
+        with self._call("give_back_jobs"):
             released = []
             for job in (self.jobs[j] for j in job_ids if j in self.jobs):
                 if job.status is JobStatus.RUNNING and job.worker == worker:

@@ -51,8 +51,8 @@ def start_failure(exc: BaseException, output: str) -> str:
     return f"{type(exc).__name__}: {text[:400]}"
 
 
-class _HeldFd:
-    """One file descriptor replaced by a pipe, whose reader holds or passes on what comes."""
+class _CapturedFd:
+    """One file descriptor replaced by a pipe, whose reader keeps or passes on what comes."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -69,7 +69,7 @@ class _HeldFd:
     def restore(self) -> None:
         os.dup2(self.saved, self.fd)
 
-    def release(self) -> None:
+    def pass_on(self) -> None:
         with self.lock:
             self.passing = True
             held, self.chunks = b"".join(self.chunks), []
@@ -90,18 +90,18 @@ class _HeldFd:
             view = view[os.write(self.saved, view) :]
 
 
-class HeldOutput:
-    """`with HeldOutput() as held:` stdout and stderr (vLLM logs to stdout, Python prints
-    tracebacks to stderr) are held for the block, for this process and the processes it
-    starts; then `release()` passes them on, or `text()` returns them."""
+class CapturedOutput:
+    """`with CapturedOutput() as captured:` stdout and stderr (vLLM logs to stdout, Python
+    prints tracebacks to stderr) are captured for the block, for this process and the
+    processes it starts; then `pass_on()` passes them on, or `text()` returns them."""
 
     def __init__(self) -> None:
-        self._held: list[_HeldFd] = []
+        self._fds: list[_CapturedFd] = []
 
-    def __enter__(self) -> HeldOutput:
+    def __enter__(self) -> CapturedOutput:
         sys.stdout.flush()
         sys.stderr.flush()
-        self._held = [_HeldFd(1), _HeldFd(2)]
+        self._fds = [_CapturedFd(1), _CapturedFd(2)]
         return self
 
     def __exit__(
@@ -112,22 +112,22 @@ class HeldOutput:
     ) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
-        for held in self._held:
-            held.restore()  # this process writes where it did before
+        for fd in self._fds:
+            fd.restore()  # this process writes where it did before
 
-    def release(self) -> None:
-        """Pass on what was held, and whatever comes after (the engine's processes keep
+    def pass_on(self) -> None:
+        """Pass on what was captured, and whatever comes after (the engine's processes keep
         the pipes for life)."""
-        for held in self._held:
-            held.release()
+        for fd in self._fds:
+            fd.pass_on()
 
     def text(self, *, wait_s: float = 5.0) -> str:
-        """What was held; waits up to `wait_s` for the processes that hold the pipes to
+        """What was captured; waits up to `wait_s` for the processes that hold the pipes to
         end (a failed start's last words may still be in them)."""
         deadline = time.monotonic() + wait_s
         parts = []
-        for held in self._held:
-            held.reader.join(max(0.0, deadline - time.monotonic()))
-            with held.lock:
-                parts.append(b"".join(held.chunks).decode(errors="replace"))
+        for fd in self._fds:
+            fd.reader.join(max(0.0, deadline - time.monotonic()))
+            with fd.lock:
+                parts.append(b"".join(fd.chunks).decode(errors="replace"))
         return "\n".join(parts)

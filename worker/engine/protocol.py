@@ -25,6 +25,9 @@ class EngineRequest:
     model: str | None = None
     # Report its new tokens after every step (`Engine.deltas`), not only its result.
     stream: bool = False
+    # Batch work: a batch line, or a single job of the flex tier. It runs behind single
+    # jobs (its priority says so to vLLM), and its outcome is written with batch lines'.
+    bulk: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

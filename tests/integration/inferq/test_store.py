@@ -204,7 +204,7 @@ def test_a_worker_whose_connections_were_lost_fails_one_claim_then_claims(
 ) -> None:
     # As a worker's store: no check of a connection before its use.
     engine = make_engine(database_url, pool_size=2, pre_ping=False)
-    store = JobStore(make_sessions(engine), hold_connections=hold)
+    store = JobStore(make_sessions(engine), keep_connections=hold)
     a, b = create_jobs(store, [_spec(), _spec()], queue="interactive")
     with engine.connect(), engine.connect():
         pass  # two connections in the pool
@@ -233,7 +233,7 @@ def test_a_store_that_holds_connections_keeps_one_a_thread_until_the_thread_ends
     database_url: str,
 ) -> None:
     engine = make_engine(database_url, pool_size=2, pre_ping=False)
-    store = JobStore(make_sessions(engine), hold_connections=True)
+    store = JobStore(make_sessions(engine), keep_connections=True)
     jobs = create_jobs(store, [_spec() for _ in range(3)], queue="interactive")
 
     def backend() -> int:

@@ -1,4 +1,4 @@
-"""The worker's listener on Redis pub/sub: a cancel reaches the runtime, and batch lines
+"""The worker's listener on Redis pub/sub: a cancel reaches the GpuWorker, and batch lines
 queued on its queue (not another's) wake its feeder at once."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import redis
 from inferq.broker.events import JobEvents
 from tests.conftest import REDIS_URL
 from tests.helpers.waiting import wait_until
+from worker.gpu_worker import GpuWorker
 from worker.job_events import JobEventListener
-from worker.runtime import EngineRuntime
 
 WAIT_S = 10
 
 
-class Heard(EngineRuntime):
-    """What the listener told the runtime."""
+class Heard(GpuWorker):
+    """What the listener told the GpuWorker."""
 
     def __init__(self) -> None:
         self.cancelled: list[str] = []
@@ -35,19 +35,19 @@ class Heard(EngineRuntime):
 @pytest.fixture
 def heard(key_prefix: str) -> Iterator[Heard]:
     client = redis.Redis.from_url(REDIS_URL)
-    runtime = Heard()
+    gpu_worker = Heard()
     listener = JobEventListener(
-        client, key_prefix=key_prefix, runtime=runtime, batch_queue="bulk:mine"
+        client, key_prefix=key_prefix, gpu_worker=gpu_worker, batch_queue="bulk:mine"
     )
     listener.start()
     # Subscribed once a cancel published now is heard.
     events = JobEvents(client, key_prefix=key_prefix)
     wait_until(
-        lambda: events.cancelled(["ping"]) or "ping" in runtime.cancelled,
+        lambda: events.cancelled(["ping"]) or "ping" in gpu_worker.cancelled,
         timeout_s=WAIT_S,
         what="subscribed",
     )
-    yield runtime
+    yield gpu_worker
     listener.stop()
     client.close()
 

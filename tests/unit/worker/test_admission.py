@@ -1,7 +1,7 @@
 import threading
 import time
 
-from inferq.domain.jobs import SamplingParams, ServiceTier, engine_priority, is_interactive
+from inferq.domain.jobs import SamplingParams, ServiceTier, engine_priority
 from worker.admission import AdmissionQueue
 from worker.engine.protocol import EngineRequest
 
@@ -144,7 +144,6 @@ def test_service_tiers_order_single_jobs_and_flex_runs_as_batch_lines_do() -> No
     assert _ids(queue.take(4, idle=False, timeout_s=0)) == ["priority", "default", "flex", "line"]
     # In the engine, flex runs at the priority of batch lines: behind single jobs,
     # preempted first.
-    assert not is_interactive(engine_priority(ServiceTier.FLEX.priority, interactive=True))
     assert engine_priority(ServiceTier.FLEX.priority, interactive=True) == engine_priority(
         0, interactive=False
     )

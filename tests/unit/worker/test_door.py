@@ -47,7 +47,7 @@ def test_batch_lines_take_what_room_there_is_and_give_it_back() -> None:
     held = _lines(door, 8)
     assert len(held) == 1
     assert len(door) == 4
-    door.release(held)
+    door.let_go(held)
     assert door.reserve(8, least=2) == 0
     assert door.reserve(8) == 1
 
@@ -60,19 +60,19 @@ def test_single_jobs_asked_for_come_first_and_hold_batch_lines_back() -> None:
     assert door.take_asked() == []
     assert door.reserve(1) == 0
     assert not door.wait(0.01, room_for=1)
-    door.release(door.held_ids())
+    door.let_go(door.held_ids())
     assert door.wait(0.01)  # the message fits now
     assert _claim_all(door) == ["a", "b"]
     assert sorted(door.held_ids()) == ["a", "b"]
     assert not any(t.done.is_set() for t in tickets)
-    door.release(["a", "b"])
+    door.let_go(["a", "b"])
     assert all(t.done.is_set() and not t.returned for t in tickets)
 
 
 def test_the_feeder_is_woken_by_room_a_message_put_back_or_a_wake_up() -> None:
     door = Door(2)
     _lines(door, 2)
-    freed = threading.Timer(0.05, door.release, args=(door.held_ids(),))
+    freed = threading.Timer(0.05, door.let_go, args=(door.held_ids(),))
     freed.start()
     assert door.wait(10, room_for=2)
     freed.join()
@@ -96,7 +96,7 @@ def test_a_message_that_does_not_fit_wakes_the_feeder_when_room_is_freed() -> No
     door = Door(2)
     _lines(door, 2)
     door.ask(["a"])
-    freed = threading.Timer(0.05, door.release, args=(door.held_ids()[:1],))
+    freed = threading.Timer(0.05, door.let_go, args=(door.held_ids()[:1],))
     freed.start()
     # Woken by the release, not by the end of its wait (which looks again, and finds room).
     started = time.monotonic()
@@ -128,7 +128,7 @@ def test_messages_are_claimed_in_the_order_they_came_and_together() -> None:
     for name in ("a", "b", "c", "d"):
         door.ask([name])
     assert _claim_all(door) == ["a", "b", "c"]
-    door.release(["b"])
+    door.let_go(["b"])
     assert _claim_all(door) == ["d"]
 
 
@@ -152,7 +152,7 @@ def test_a_failed_claim_puts_its_messages_back_first_with_their_room() -> None:
     # Kept, that room would turn every later job away for the life of the process.
     assert door.has_room is False  # only because messages wait
     assert _claim_all(door) == ids
-    door.release(ids)
+    door.let_go(ids)
     assert _claim_all(door) == ["late"]
 
 
@@ -183,7 +183,7 @@ def test_closing_turns_messages_away_and_takes_nothing_more() -> None:
     (late,) = door.ask(["c"])
     assert late.done.is_set()
     assert late.returned
-    door.release(["a"])
+    door.let_go(["a"])
     assert door.take_asked() == []
     assert door.reserve(1) == 0
     assert not door.wait(0.01, room_for=1)
@@ -194,7 +194,7 @@ def test_room_is_there_while_open_unheld_and_unasked_for() -> None:
     assert door.has_room
     _lines(door, 2)
     assert not door.has_room
-    door.release(door.held_ids())
+    door.let_go(door.held_ids())
     assert door.has_room
     door.ask(["a", "b", "c"])
     taken = door.take_asked()

@@ -27,7 +27,7 @@ class Claims:
         self.calls: list[tuple[list[str], bool]] = []
         self.changed = threading.Condition()
 
-    def __call__(self, jobs: Sequence[ClaimedJob], single: bool) -> None:
+    def admit(self, jobs: Sequence[ClaimedJob], *, single: bool) -> None:
         with self.changed:
             self.calls.append(([job.id for job in jobs], single))
             self.changed.notify_all()
@@ -57,7 +57,7 @@ def _feeder(
         worker_name=WORKER,
         lease_s=60,
         micro_batch=micro_batch,
-        on_claimed=claims,
+        admits=claims,
         peers=lambda: peers,
         poll_s=WAIT_S,
     )

@@ -1,5 +1,5 @@
 """What a GPU worker's heartbeat says of it: whether it has room for another message and
-whether it is stuck, read from its runtime and its probes' state."""
+whether it is stuck, read from its gpu_worker and its probes' state."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from inferq.broker.worker_registry import WorkerRegistry, WorkerStatus
 from inferq.store.engine_speeds import SpeedStore
 from tests.helpers.fakes import HeldEngine, MemoryJobStore, StepEngine
 from tests.helpers.waiting import wait_until
+from worker.gpu_worker import GpuWorker
 from worker.heartbeat import Heartbeat
 from worker.metrics import WorkerMetrics
 from worker.probes import State
-from worker.runtime import EngineRuntime
 
 WAIT_S = 10
 STUCK = "3 waiting, room to take them, and nothing taken for 121 s"
@@ -69,9 +69,9 @@ def engine() -> HeldEngine:
 
 
 @pytest.fixture
-def runtime(store: MemoryJobStore, engine: HeldEngine) -> Iterator[EngineRuntime]:
+def gpu_worker(store: MemoryJobStore, engine: HeldEngine) -> Iterator[GpuWorker]:
     fatal: list[BaseException] = []
-    made = EngineRuntime(
+    made = GpuWorker(
         store=store,
         engine=engine,
         engine_factory=StepEngine,
@@ -98,13 +98,13 @@ def runtime(store: MemoryJobStore, engine: HeldEngine) -> Iterator[EngineRuntime
 
 
 def beat(
-    runtime: EngineRuntime, state: State, *, slots: int, registry: Beats | None = None
+    gpu_worker: GpuWorker, state: State, *, slots: int, registry: Beats | None = None
 ) -> WorkerStatus:
     """The status one heartbeat sends."""
     registry = registry or Beats()
     heartbeat = Heartbeat(
         registry,
-        runtime=runtime,
+        gpu_worker=gpu_worker,
         model="m",
         runner="generate",
         adapters=[],
@@ -119,34 +119,34 @@ def beat(
 
 
 def test_the_heartbeat_says_whether_the_worker_has_room_and_why_it_is_stuck(
-    runtime: EngineRuntime, store: MemoryJobStore, engine: HeldEngine
+    gpu_worker: GpuWorker, store: MemoryJobStore, engine: HeldEngine
 ) -> None:
     state = State()
     # Loading: a free thread takes nothing until the worker consumes.
-    assert beat(runtime, state, slots=1).room is False
+    assert beat(gpu_worker, state, slots=1).room is False
     state.ready = True
-    status = beat(runtime, state, slots=1)
+    status = beat(gpu_worker, state, slots=1)
     assert (status.room, status.stuck) == (True, None)
 
     watch = Watch()
     state.watch = watch  # type: ignore[assignment]
     watch.stuck = STUCK
-    status = beat(runtime, state, slots=1)
+    status = beat(gpu_worker, state, slots=1)
     assert (status.room, status.stuck) == (True, STUCK)
 
     # Its one slot holds a message whose job runs: no room, however idle the door.
     watch.stuck = None
     store.add("a")
     ended = threading.Event()
-    runtime.ask(["a"])(lambda _returned: ended.set())
+    gpu_worker.take(["a"])(lambda _returned: ended.set())
     try:
         wait_until(lambda: engine.admitted == ["a"], timeout_s=WAIT_S, what="in the engine")
-        assert beat(runtime, state, slots=1).room is False
-        assert beat(runtime, state, slots=2).room is True
+        assert beat(gpu_worker, state, slots=1).room is False
+        assert beat(gpu_worker, state, slots=2).room is True
     finally:
         engine.go.set()
         assert ended.wait(WAIT_S)
-    assert beat(runtime, state, slots=1).room is True
+    assert beat(gpu_worker, state, slots=1).room is True
 
 
 def test_a_heartbeat_from_an_earlier_release_still_reads() -> None:
@@ -176,7 +176,7 @@ class Speeds(SpeedStore):
 
 
 def test_a_busy_engine_with_no_rate_yet_is_reported_every_second(
-    runtime: EngineRuntime, store: MemoryJobStore, engine: HeldEngine
+    gpu_worker: GpuWorker, store: MemoryJobStore, engine: HeldEngine
 ) -> None:
     """A fresh deployment's first batch has no estimate until a rate measured at load is
     in Postgres: a busy worker that has none reports every second, not every 5 s; an idle
@@ -184,7 +184,7 @@ def test_a_busy_engine_with_no_rate_yet_is_reported_every_second(
     speeds = Speeds()
     heartbeat = Heartbeat(
         Beats(),
-        runtime=runtime,
+        gpu_worker=gpu_worker,
         model="m",
         runner="generate",
         adapters=[],
@@ -199,7 +199,7 @@ def test_a_busy_engine_with_no_rate_yet_is_reported_every_second(
         wait_until(lambda: time.monotonic() > idle_until, timeout_s=WAIT_S, what="idle")
         assert len(speeds.reports) == 1  # the first beat's, at start
         store.add("a")
-        runtime.ask(["a"])(lambda _returned: None)
+        gpu_worker.take(["a"])(lambda _returned: None)
         wait_until(lambda: engine.admitted == ["a"], timeout_s=WAIT_S, what="in the engine")
         busy_at = time.monotonic()
         wait_until(lambda: len(speeds.reports) >= 3, timeout_s=WAIT_S, what="two reports")
@@ -210,15 +210,15 @@ def test_a_busy_engine_with_no_rate_yet_is_reported_every_second(
 
 
 def test_the_heartbeat_counts_the_workers_that_share_the_models_batch_lines(
-    runtime: EngineRuntime,
+    gpu_worker: GpuWorker,
 ) -> None:
     registry = Beats()
-    other = beat(runtime, State(), slots=1, registry=registry)
+    other = beat(gpu_worker, State(), slots=1, registry=registry)
     for name, model, runner in (("gpu-2@a", "m", "generate"), ("gpu-3@b", "m", "generate")):
         registry.beat(dataclasses.replace(other, name=name, model=model, runner=runner))
     # Another model's worker and an embedding worker of the same model share nothing.
     registry.beat(dataclasses.replace(other, name="gpu-4@c", model="other"))
     registry.beat(dataclasses.replace(other, name="gpu-5@d", runner="pooling"))
-    assert runtime.peers == 1
-    beat(runtime, State(), slots=1, registry=registry)
-    assert runtime.peers == 3
+    assert gpu_worker.peers == 1
+    beat(gpu_worker, State(), slots=1, registry=registry)
+    assert gpu_worker.peers == 3

@@ -1,4 +1,4 @@
-"""The job-event listener, on pub/sub in memory: a cancel reaches the runtime with its ids,
+"""The job-event listener, on pub/sub in memory: a cancel reaches the GpuWorker with its ids,
 lines queued on its own queue wake the feeder, and a lost connection is subscribed again."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ PREFIX = "test:"
 
 
 class Heard:
-    """The runtime's two calls the listener makes, recorded."""
+    """The GpuWorker calls the listener makes, recorded."""
 
     def __init__(self) -> None:
         self.cancelled: list[list[str]] = []
@@ -51,16 +51,16 @@ def redis(monkeypatch: pytest.MonkeyPatch) -> MemoryPubSub:
 
 @pytest.fixture
 def heard(redis: MemoryPubSub) -> Iterator[Heard]:
-    runtime = Heard()
+    gpu_worker = Heard()
     listener = JobEventListener(
         redis,  # type: ignore[arg-type]
         key_prefix=PREFIX,
-        runtime=runtime,  # type: ignore[arg-type]
+        gpu_worker=gpu_worker,  # type: ignore[arg-type]
         batch_queue="bulk:mine",
     )
     listener.start()
     assert redis.wait_for(lambda: bool(redis.open()), WAIT_S)
-    yield runtime
+    yield gpu_worker
     listener.stop()
     # Its subscription is closed and its thread ended.
     assert redis.open() == []
@@ -79,7 +79,7 @@ def test_it_listens_to_cancels_and_its_own_queues_lines_only(
     assert redis.publish(lines_channel(PREFIX, "bulk:other"), b"") == 0
 
 
-def test_a_cancel_reaches_the_runtime_with_its_ids_and_lines_wake_the_feeder(
+def test_a_cancel_reaches_the_gpu_worker_with_its_ids_and_lines_wake_the_feeder(
     redis: MemoryPubSub, heard: Heard
 ) -> None:
     redis.publish(lines_channel(PREFIX, "bulk:mine"), b"")
@@ -90,8 +90,8 @@ def test_a_cancel_reaches_the_runtime_with_its_ids_and_lines_wake_the_feeder(
 
 
 def test_a_listener_without_a_queue_hears_only_cancels(redis: MemoryPubSub) -> None:
-    runtime = Heard()
-    listener = JobEventListener(redis, key_prefix=PREFIX, runtime=runtime)  # type: ignore[arg-type]
+    gpu_worker = Heard()
+    listener = JobEventListener(redis, key_prefix=PREFIX, gpu_worker=gpu_worker)  # type: ignore[arg-type]
     listener.start()
     try:
         assert redis.wait_for(lambda: bool(redis.open()), WAIT_S)

@@ -21,14 +21,21 @@ SHORT_LEASE_S = 0.03
 
 
 class Held:
-    """What the runtime tells the keeper, and what it hears back."""
+    """The keeper's holder: the jobs it holds and waits for, and those it was told to
+    stop work on."""
 
     def __init__(self, held: Sequence[str] = (), waiting: Sequence[str] = ()) -> None:
         self.held = list(held)
         self.waiting = list(waiting)
         self.lost: list[list[str]] = []
 
-    def on_lost(self, job_ids: Sequence[str]) -> None:
+    def held_ids(self) -> list[str]:
+        return list(self.held)
+
+    def asked_ids(self) -> list[str]:
+        return list(self.waiting)
+
+    def cancel(self, job_ids: Sequence[str]) -> None:
         self.held = [j for j in self.held if j not in job_ids]
         self.lost.append(list(job_ids))
 
@@ -47,9 +54,7 @@ def _keeper(store: MemoryJobStore, held: Held, lease_s: float = SHORT_LEASE_S) -
         store=store,
         worker_name=WORKER,
         lease_s=lease_s,  # type: ignore[arg-type]
-        held=lambda: list(held.held),
-        waiting=lambda: list(held.waiting),
-        on_lost=held.on_lost,
+        holder=held,
     )
 
 
@@ -77,7 +82,7 @@ def test_held_jobs_are_renewed_and_waiting_ones_marked_published_again_and_again
     assert set(store.renewed) == {"a", "b"}
     assert store.renewed.count("a") >= 3
     assert store.touched.count("queued") >= 3
-    # "c" is held here too but the runtime does not list it: its lease is left alone.
+    # "c" is held here too but the holder does not list it: its lease is left alone.
     assert "c" not in store.renewed
     assert store.jobs["a"].lease_ends > time.monotonic()
     assert held.lost == []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -19,6 +19,13 @@ from worker.metrics import WorkerMetrics
 from worker.speedometer import Speedometer
 
 
+class _Tokens(list[TokenEvent]):
+    """The loop's token events, in order."""
+
+    def put(self, events: Sequence[TokenEvent]) -> None:
+        self.extend(events)
+
+
 class Harness:
     def __init__(
         self,
@@ -32,7 +39,7 @@ class Harness:
         self._replacement = replacement
         self.outcomes: dict[str, JobOutcome] = {}
         self.fatal: list[BaseException] = []
-        self.tokens: list[TokenEvent] = []
+        self.tokens = _Tokens()
         self._done = threading.Condition()
         self.admission = AdmissionQueue(max_batch_size=max_batch_size, max_batch_delay_ms=0)
         self.registry = CollectorRegistry()
@@ -41,13 +48,13 @@ class Harness:
             engine=engine,
             engine_factory=self._new_engine,
             admission=self.admission,
-            on_outcome=self._outcome,
+            writer=self,
             on_fatal=self.fatal.append,
             metrics=WorkerMetrics(self.registry),
             speed=self.speed,
             max_num_seqs=max_num_seqs,
             max_engine_deaths=3,
-            on_tokens=self.tokens.extend,
+            tokens=self.tokens,
         )
 
     def _new_engine(self) -> StepEngine:
@@ -55,7 +62,8 @@ class Harness:
         self.engines.append(engine)
         return engine
 
-    def _outcome(self, outcome: JobOutcome) -> None:
+    def put(self, outcome: JobOutcome) -> None:
+        """The loop's writer: what it hands on, kept by job."""
         with self._done:
             self.outcomes[outcome.job_id] = outcome
             self._done.notify_all()
@@ -73,6 +81,7 @@ class Harness:
                     sampling=SamplingParams(max_tokens=n),
                     stream=stream,
                     priority=engine_priority(0, interactive=not bulk),
+                    bulk=bulk,
                 )
                 for job_id, n in lengths.items()
             ],

@@ -30,16 +30,19 @@ def _writer(
     committed: list[list[str]] = []
     changed = threading.Event()
 
-    def on_committed(_outcomes: Sequence[JobOutcome], written: Sequence[str]) -> None:
-        committed.append(list(written))
-        changed.set()
+    class Ends:
+        def committed(self, _outcomes: Sequence[JobOutcome], written: Sequence[str]) -> None:
+            committed.append(list(written))
+            changed.set()
+
+        def more_coming(self) -> bool:
+            return more_coming
 
     writer = ResultWriter(
         store=cast(JobStore, cast(Any, store)),
         flush_ms=flush_ms,
-        on_committed=on_committed,
+        ends=Ends(),
         bulk_wait_s=bulk_wait_s,
-        more_coming=lambda: more_coming,
     )
     writer.start()
     return writer, store, committed, changed

@@ -34,7 +34,7 @@ from inferq.exceptions import EngineError, EngineStartFailed
 from inferq.host import supervision
 from inferq.host.processes import descendants, lower_group
 from inferq.settings import EngineSettings
-from worker.engine.output import HeldOutput, start_failure
+from worker.engine.output import CapturedOutput, start_failure
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def start_llm(args: dict[str, Any], settings: EngineSettings) -> LLM:
     model = settings.model
     log.info("loading %s into vLLM", model, extra={"engine_args": args})
     failure: Exception | None = None
-    with HeldOutput() as output:
+    with CapturedOutput() as output:
         try:
             llm = LLM(**args)
         except Exception as exc:  # noqa: BLE001  # any failure: said in one line below
@@ -121,7 +121,7 @@ def start_llm(args: dict[str, Any], settings: EngineSettings) -> LLM:
             f"vLLM could not start {model}: {start_failure(failure, held)} "
             "(`inferq doctor` checks this host; INFERQ_LOG_LEVEL=DEBUG shows vLLM's output)"
         ) from failure
-    output.release()
+    output.pass_on()
     cores = [p.pid for p in core_processes(llm.llm_engine) if p.pid is not None]
     apart = runs_model_apart(llm)
     lower_priority(

@@ -1,4 +1,4 @@
-"""The GPU runtime on an in-memory store and a fake engine: what a task relies on when it
+"""`GpuWorker` on an in-memory store and a fake engine: what a task relies on when it
 hands its jobs over (claimed, run and written before it returns; never run twice; stopped
 when cancelled; given back on shutdown), the leases behind it, and the feeder that brings
 batch lines in."""
@@ -8,18 +8,27 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from inferq.broker.events import result_announced
 from inferq.domain.fair_share import ALONE, FleetShare
-from inferq.domain.jobs import ClaimedJob, JobOutcome, JobResult, JobStatus, engine_priority
+from inferq.domain.jobs import (
+    ClaimedJob,
+    JobOutcome,
+    JobResult,
+    JobStatus,
+    SamplingParams,
+    ServiceTier,
+    engine_priority,
+)
 from inferq.exceptions import JobsReturned
 from tests.helpers.fakes import HeldEngine, MemoryJobStore, StepEngine
 from worker.engine.protocol import EngineRequest
+from worker.gpu_worker import Batches, GpuWorker, _engine_request
 from worker.metrics import WorkerMetrics
-from worker.runtime import EngineRuntime
 
 ME = "gpu-1@test"
 QUEUE = "bulk:test"
@@ -47,14 +56,14 @@ class _Announced:
 
 
 class Task:
-    """A message's jobs asked for as its Celery task asks (`runtime.ask`, returning at
+    """A message's jobs asked for as its Celery task asks (`gpu_worker.ask`, returning at
     once), and what the pool hears when they have ended."""
 
-    def __init__(self, runtime: EngineRuntime, job_ids: list[str]) -> None:
+    def __init__(self, gpu_worker: GpuWorker, job_ids: list[str]) -> None:
         self.returned: JobsReturned | None = None
         self._ended = threading.Event()
         try:
-            then = runtime.ask(job_ids)
+            then = gpu_worker.take(job_ids)
         except JobsReturned as exc:
             self.returned = exc
             self._ended.set()
@@ -82,12 +91,12 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> bool
     return True
 
 
-MakeRuntime = Callable[..., EngineRuntime]
+MakeRuntime = Callable[..., GpuWorker]
 
 
 @pytest.fixture
 def make_runtime() -> Iterator[MakeRuntime]:
-    made: list[EngineRuntime] = []
+    made: list[GpuWorker] = []
     fatal: list[BaseException] = []
 
     def make(
@@ -100,10 +109,10 @@ def make_runtime() -> Iterator[MakeRuntime]:
         interactive_held_jobs: int = 0,
         lease_s: int = 3600,
         events: _Announced | None = None,
-        on_batch_lines_done: Callable[[set[str]], None] | None = None,
+        batches: Batches | None = None,
         batch_queue: str | None = None,
-    ) -> EngineRuntime:
-        runtime = EngineRuntime(
+    ) -> GpuWorker:
+        gpu_worker = GpuWorker(
             store=store,
             engine=engine,
             engine_factory=StepEngine,
@@ -121,16 +130,16 @@ def make_runtime() -> Iterator[MakeRuntime]:
             max_engine_deaths=3,
             on_fatal=fatal.append,
             metrics=WorkerMetrics(CollectorRegistry()),
-            on_batch_lines_done=on_batch_lines_done,
+            batches=batches,
             batch_queue=batch_queue,
         )
-        runtime.start()
-        made.append(runtime)
-        return runtime
+        gpu_worker.start()
+        made.append(gpu_worker)
+        return gpu_worker
 
     yield make
-    for runtime in made:
-        runtime.stop()
+    for gpu_worker in made:
+        gpu_worker.stop()
     assert fatal == []
 
 
@@ -142,9 +151,9 @@ def test_a_task_returns_once_the_outcomes_of_its_jobs_are_written(
         store.add(job_id, max_tokens=2)
     engine = StepEngine()
     events = _Announced()
-    runtime = make_runtime(store=store, engine=engine, events=events)
+    gpu_worker = make_runtime(store=store, engine=engine, events=events)
 
-    assert Task(runtime, ["a", "b", "c"]).result() is None
+    assert Task(gpu_worker, ["a", "b", "c"]).result() is None
 
     # Checked at once: the task must not return before the commit.
     for job_id in ("a", "b", "c"):
@@ -160,9 +169,9 @@ def test_a_task_returns_once_the_outcomes_of_its_jobs_are_written(
         assert outcome is not None
         assert outcome.result is not None
         assert result_announced(events.results[job_id]) == outcome.result.choices
-    assert runtime.held == 0
+    assert gpu_worker.held == 0
     assert engine.requests["a"].priority == engine_priority(0, interactive=True)
-    minute = runtime.last_minute.total()
+    minute = gpu_worker.last_minute.total()
     assert (minute.jobs, minute.prompt_tokens, minute.generated_tokens) == (3, 9, 6)
 
 
@@ -173,12 +182,12 @@ def test_a_task_claims_its_job_as_it_asks_and_the_feeder_one_that_waits_for_room
     store.add("a")
     store.add("b")
     engine = HeldEngine()
-    runtime = make_runtime(store=store, engine=engine, max_num_seqs=1, max_held_jobs=1)
+    gpu_worker = make_runtime(store=store, engine=engine, max_num_seqs=1, max_held_jobs=1)
 
-    first = Task(runtime, ["a"])
+    first = Task(gpu_worker, ["a"])
     # Claimed before its task returned: no other thread had to be woken for it.
     assert store.status("a") is JobStatus.RUNNING
-    second = Task(runtime, ["b"])
+    second = Task(gpu_worker, ["b"])
     assert store.status("b") is JobStatus.QUEUED  # no room: it waits, still queued
     engine.go.set()
 
@@ -197,10 +206,10 @@ def test_jobs_held_elsewhere_or_already_finished_are_not_run(make_runtime: MakeR
         [JobOutcome(job_id="finished", result=JobResult(choices=(), prompt_tokens=1))]
     )
     engine = StepEngine()
-    runtime = make_runtime(store=store, engine=engine)
+    gpu_worker = make_runtime(store=store, engine=engine)
 
     # A redelivered message: acknowledged without running what is not this worker's.
-    assert Task(runtime, ["theirs", "mine", "finished"]).result() is None
+    assert Task(gpu_worker, ["theirs", "mine", "finished"]).result() is None
 
     assert engine.admitted == ["mine"]
     assert store.jobs["theirs"].worker == "gpu-2@test"
@@ -212,11 +221,11 @@ def test_a_job_in_two_messages_runs_once(make_runtime: MakeRuntime) -> None:
     store = MemoryJobStore()
     store.add("a")
     engine = HeldEngine()
-    runtime = make_runtime(store=store, engine=engine)
-    first = Task(runtime, ["a"])
+    gpu_worker = make_runtime(store=store, engine=engine)
+    first = Task(gpu_worker, ["a"])
     assert wait_until(lambda: "a" in engine.admitted)
 
-    second = Task(runtime, ["a"])
+    second = Task(gpu_worker, ["a"])
     engine.go.set()
 
     assert first.result() is None
@@ -233,12 +242,12 @@ def test_a_cancelled_job_is_aborted_in_the_engine_and_its_task_returns(
     store.add("cancelled")
     store.add("other")
     engine = HeldEngine()
-    runtime = make_runtime(store=store, engine=engine)
-    task = Task(runtime, ["cancelled", "other"])
+    gpu_worker = make_runtime(store=store, engine=engine)
+    task = Task(gpu_worker, ["cancelled", "other"])
     assert wait_until(lambda: len(engine.admitted) == 2)
 
     store.cancel("cancelled")
-    runtime.cancel(["cancelled", "not-held-here"])
+    gpu_worker.cancel(["cancelled", "not-held-here"])
     assert wait_until(lambda: engine.aborted == ["cancelled"])
     engine.go.set()
 
@@ -246,7 +255,7 @@ def test_a_cancelled_job_is_aborted_in_the_engine_and_its_task_returns(
     assert store.status("cancelled") is JobStatus.CANCELLED
     assert store.jobs["cancelled"].outcome is None
     assert store.status("other") is JobStatus.SUCCEEDED
-    assert runtime.held == 0
+    assert gpu_worker.held == 0
 
 
 def test_a_job_cancelled_as_its_claim_commits_never_enters_the_engine(
@@ -256,7 +265,7 @@ def test_a_job_cancelled_as_its_claim_commits_never_enters_the_engine(
     store.add("raced")
     store.add("other")
     engine = StepEngine()
-    runtimes: list[EngineRuntime] = []
+    gpu_workers: list[GpuWorker] = []
     claim = store.claim_jobs
 
     def claim_then_hear_a_cancel(
@@ -266,17 +275,17 @@ def test_a_job_cancelled_as_its_claim_commits_never_enters_the_engine(
         # The cancel commits right after the claim, and the worker hears of it before
         # the claim has returned (so before the job has a ticket here).
         store.cancel("raced")
-        runtimes[0].cancel(["raced"])
+        gpu_workers[0].cancel(["raced"])
         return claimed
 
     store.claim_jobs = claim_then_hear_a_cancel  # type: ignore[method-assign]
-    runtimes.append(make_runtime(store=store, engine=engine))
+    gpu_workers.append(make_runtime(store=store, engine=engine))
 
-    assert Task(runtimes[0], ["raced", "other"]).result() is None
+    assert Task(gpu_workers[0], ["raced", "other"]).result() is None
     assert "raced" not in engine.requests
     assert store.status("raced") is JobStatus.CANCELLED
     assert store.status("other") is JobStatus.SUCCEEDED
-    assert runtimes[0].held == 0
+    assert gpu_workers[0].held == 0
 
 
 def test_a_drain_gives_back_jobs_not_yet_in_the_engine_and_lets_running_ones_finish(
@@ -286,11 +295,11 @@ def test_a_drain_gives_back_jobs_not_yet_in_the_engine_and_lets_running_ones_fin
     store.add("running")
     store.add("pending")
     engine = HeldEngine()
-    runtime = make_runtime(store=store, engine=engine, max_num_seqs=1)
-    task = Task(runtime, ["running", "pending"])
-    assert wait_until(lambda: engine.admitted == ["running"] and len(runtime.admission) == 1)
+    gpu_worker = make_runtime(store=store, engine=engine, max_num_seqs=1)
+    task = Task(gpu_worker, ["running", "pending"])
+    assert wait_until(lambda: engine.admitted == ["running"] and len(gpu_worker.admission) == 1)
 
-    drain = threading.Thread(target=runtime.drain, args=(WAIT_S,), daemon=True)
+    drain = threading.Thread(target=gpu_worker.drain, args=(WAIT_S,), daemon=True)
     drain.start()
     # At once, before the job in the engine finishes.
     assert store.wait_for(lambda: store.jobs["pending"].status is JobStatus.QUEUED)
@@ -303,7 +312,7 @@ def test_a_drain_gives_back_jobs_not_yet_in_the_engine_and_lets_running_ones_fin
     assert store.jobs["pending"].worker is None
     assert engine.admitted == ["running"]
     with pytest.raises(JobsReturned):
-        runtime.ask(["late"])
+        gpu_worker.take(["late"])
 
 
 class _SlowToAdd(StepEngine):
@@ -331,7 +340,7 @@ def test_a_drain_lets_jobs_entering_the_engine_or_being_written_finish(
     store.add("pending")
     engine = _SlowToAdd("entering")
     writing, write = threading.Event(), threading.Event()
-    finish, release = store.finish_jobs, store.release_jobs
+    finish, release = store.finish_jobs, store.give_back_jobs
 
     def slow_finish(outcomes: Sequence[JobOutcome]) -> list[str]:
         if any(o.job_id == "written" for o in outcomes):
@@ -350,15 +359,15 @@ def test_a_drain_lets_jobs_entering_the_engine_or_being_written_finish(
         return released
 
     store.finish_jobs = slow_finish  # type: ignore[method-assign]
-    store.release_jobs = release_then_go_on  # type: ignore[method-assign]
-    runtime = make_runtime(store=store, engine=engine, max_num_seqs=1)
-    written = Task(runtime, ["written"])
+    store.give_back_jobs = release_then_go_on  # type: ignore[method-assign]
+    gpu_worker = make_runtime(store=store, engine=engine, max_num_seqs=1)
+    written = Task(gpu_worker, ["written"])
     assert writing.wait(WAIT_S)
-    both = Task(runtime, ["entering", "pending"])
+    both = Task(gpu_worker, ["entering", "pending"])
     assert engine.adding.wait(WAIT_S)
-    assert wait_until(lambda: len(runtime.admission) == 1)
+    assert wait_until(lambda: len(gpu_worker.admission) == 1)
 
-    drain = threading.Thread(target=runtime.drain, args=(WAIT_S,), daemon=True)
+    drain = threading.Thread(target=gpu_worker.drain, args=(WAIT_S,), daemon=True)
     drain.start()
     drain.join(WAIT_S)
     assert not drain.is_alive()
@@ -373,7 +382,7 @@ def test_a_drain_lets_jobs_entering_the_engine_or_being_written_finish(
     # ... and only the job that waited for the engine went back.
     assert isinstance(both.result(), JobsReturned)
     assert store.status("pending") is JobStatus.QUEUED
-    assert runtime.held == 0
+    assert gpu_worker.held == 0
 
 
 def test_a_drain_that_times_out_aborts_what_is_left_and_gives_it_back(
@@ -383,16 +392,16 @@ def test_a_drain_that_times_out_aborts_what_is_left_and_gives_it_back(
     store.add("running")
     store.add("waiting")
     engine = HeldEngine()
-    runtime = make_runtime(store=store, engine=engine, max_held_jobs=1)
-    running = Task(runtime, ["running"])
+    gpu_worker = make_runtime(store=store, engine=engine, max_held_jobs=1)
+    running = Task(gpu_worker, ["running"])
     assert wait_until(lambda: engine.admitted == ["running"])
     # Its task waits at the door (or has not reached it yet: the drain turns it away
     # either way).
-    waiting = Task(runtime, ["waiting"])
-    # The first give-back fails: the runtime tries again.
-    store.fail("release_jobs")
+    waiting = Task(gpu_worker, ["waiting"])
+    # The first give-back fails: the GpuWorker tries again.
+    store.fail("give_back_jobs")
 
-    runtime.drain(timeout_s=0)
+    gpu_worker.drain(timeout_s=0)
 
     assert isinstance(running.result(), JobsReturned)
     assert isinstance(waiting.result(), JobsReturned)
@@ -409,11 +418,11 @@ def test_leases_of_held_jobs_are_renewed_and_waiting_messages_marked_alive(
     store.add("held")
     store.add("waiting")
     engine = HeldEngine()
-    runtime = make_runtime(store=store, engine=engine, max_held_jobs=1, lease_s=1)
-    held = Task(runtime, ["held"])
+    gpu_worker = make_runtime(store=store, engine=engine, max_held_jobs=1, lease_s=1)
+    held = Task(gpu_worker, ["held"])
     assert wait_until(lambda: engine.admitted == ["held"])
     claimed_until = store.jobs["held"].lease_ends
-    waiting = Task(runtime, ["waiting"])
+    waiting = Task(gpu_worker, ["waiting"])
 
     assert store.wait_for(lambda: store.jobs["held"].lease_ends > claimed_until)
     assert store.wait_for(lambda: "waiting" in store.touched)
@@ -432,8 +441,8 @@ def test_a_job_another_worker_took_over_is_dropped_when_its_lease_is_renewed(
     store = MemoryJobStore()
     store.add("a")
     engine = HeldEngine()
-    runtime = make_runtime(store=store, engine=engine, lease_s=1)
-    task = Task(runtime, ["a"])
+    gpu_worker = make_runtime(store=store, engine=engine, lease_s=1)
+    task = Task(gpu_worker, ["a"])
     assert wait_until(lambda: engine.admitted == ["a"])
 
     store.take_over("a", worker="gpu-2@test")
@@ -448,9 +457,9 @@ def test_a_claim_rides_out_a_store_outage(make_runtime: MakeRuntime) -> None:
     store = MemoryJobStore()
     store.add("a")
     store.fail("claim_jobs", times=2)
-    runtime = make_runtime(store=store, engine=StepEngine())
+    gpu_worker = make_runtime(store=store, engine=StepEngine())
 
-    assert Task(runtime, ["a"]).result() is None
+    assert Task(gpu_worker, ["a"]).result() is None
     assert store.status("a") is JobStatus.SUCCEEDED
 
 
@@ -462,19 +471,19 @@ def test_the_feeder_brings_batch_lines_in_and_nobody_waits_on_them(
     for job_id in lines:
         store.add(job_id, batch_id="batch", priority=5)
     events = _Announced()
-    runtime = make_runtime(
+    gpu_worker = make_runtime(
         store=store, engine=(engine := StepEngine()), events=events, batch_queue=QUEUE
     )
 
     assert store.wait_for(lambda: all(store.status(j) is JobStatus.SUCCEEDED for j in lines))
-    assert wait_until(lambda: runtime.held == 0)
+    assert wait_until(lambda: gpu_worker.held == 0)
     assert events.results == {}  # nobody waits on a line alone: announced without it
     # In the order they were claimed, and all at one priority: the claim decided.
     assert engine.admitted == lines
     assert {r.priority for r in engine.requests.values()} == {engine_priority(0, interactive=False)}
     # Lines that come later are found without a wake-up, and sooner with one.
     store.add("late", batch_id="batch")
-    runtime.wake_batches()
+    gpu_worker.wake_batches()
     assert store.wait_for(lambda: store.status("late") is JobStatus.SUCCEEDED)
 
 
@@ -486,7 +495,7 @@ def test_a_single_job_gets_in_while_batch_lines_fill_the_worker(
         store.add(job_id, batch_id="batch")
     store.add("single")
     engine = HeldEngine()
-    runtime = make_runtime(
+    gpu_worker = make_runtime(
         store=store,
         engine=engine,
         max_num_seqs=1,
@@ -495,9 +504,9 @@ def test_a_single_job_gets_in_while_batch_lines_fill_the_worker(
         interactive_held_jobs=1,
         batch_queue=QUEUE,
     )
-    assert wait_until(lambda: engine.admitted == ["line-1"] and runtime.held == 2)
+    assert wait_until(lambda: engine.admitted == ["line-1"] and gpu_worker.held == 2)
 
-    single = Task(runtime, ["single"])
+    single = Task(gpu_worker, ["single"])
     assert wait_until(lambda: engine.admitted == ["line-1", "single"])
     assert store.status("line-3") is JobStatus.QUEUED
     engine.go.set()
@@ -543,10 +552,10 @@ def test_the_feeder_rides_out_a_store_outage_or_a_claim_that_raises(
     lines = [f"line-{i}" for i in range(16)]
     for job_id in lines:
         raising.add(job_id, batch_id="batch")
-    runtime = make_runtime(store=raising, engine=StepEngine(), batch_queue=QUEUE)
+    gpu_worker = make_runtime(store=raising, engine=StepEngine(), batch_queue=QUEUE)
     assert raising.wait_for(lambda: all(raising.status(j) is JobStatus.SUCCEEDED for j in lines))
     assert raising.raised
-    assert wait_until(lambda: runtime.held == 0)
+    assert wait_until(lambda: gpu_worker.held == 0)
 
 
 def test_a_drain_gives_back_batch_lines_waiting_for_the_engine(make_runtime: MakeRuntime) -> None:
@@ -554,10 +563,10 @@ def test_a_drain_gives_back_batch_lines_waiting_for_the_engine(make_runtime: Mak
     for job_id in ("line-1", "line-2", "line-3"):
         store.add(job_id, batch_id="batch")
     engine = HeldEngine()
-    runtime = make_runtime(store=store, engine=engine, max_num_seqs=1, batch_queue=QUEUE)
-    assert wait_until(lambda: engine.admitted == ["line-1"] and runtime.held == 3)
+    gpu_worker = make_runtime(store=store, engine=engine, max_num_seqs=1, batch_queue=QUEUE)
+    assert wait_until(lambda: engine.admitted == ["line-1"] and gpu_worker.held == 3)
 
-    drain = threading.Thread(target=runtime.drain, args=(WAIT_S,), daemon=True)
+    drain = threading.Thread(target=gpu_worker.drain, args=(WAIT_S,), daemon=True)
     drain.start()
     assert store.wait_for(
         lambda: all(store.status(j) is JobStatus.QUEUED for j in ("line-2", "line-3"))
@@ -567,7 +576,17 @@ def test_a_drain_gives_back_batch_lines_waiting_for_the_engine(make_runtime: Mak
     assert not drain.is_alive()
     assert store.status("line-1") is JobStatus.SUCCEEDED
     assert engine.admitted == ["line-1"]
-    assert runtime.held == 0
+    assert gpu_worker.held == 0
+
+
+class _Checked:
+    """The batches the worker was told to look at, call by call."""
+
+    def __init__(self) -> None:
+        self.calls: list[set[str]] = []
+
+    def lines_ended(self, batch_ids: set[str]) -> None:
+        self.calls.append(batch_ids)
 
 
 def test_a_batch_is_checked_for_its_end_once_none_of_its_lines_is_held(
@@ -576,10 +595,31 @@ def test_a_batch_is_checked_for_its_end_once_none_of_its_lines_is_held(
     store = MemoryJobStore()
     store.add("line-1", batch_id="batch", max_tokens=1)
     store.add("line-2", batch_id="batch", max_tokens=3)
-    checked: list[set[str]] = []
-    make_runtime(
-        store=store, engine=StepEngine(), on_batch_lines_done=checked.append, batch_queue=QUEUE
-    )
+    checked = _Checked()
+    make_runtime(store=store, engine=StepEngine(), batches=checked, batch_queue=QUEUE)
 
     # Asked once both are written, on the writer's thread.
-    assert wait_until(lambda: checked == [{"batch"}])
+    assert wait_until(lambda: checked.calls == [{"batch"}])
+
+
+def test_batch_work_is_known_as_such_from_its_claim_to_its_write() -> None:
+    """A batch line, and a single job of the flex tier, enter the engine behind single jobs
+    and come out as batch work (written with batch lines); other single jobs do not."""
+
+    def request(*, single: bool, priority: int = 0) -> EngineRequest:
+        job = ClaimedJob(
+            id="j",
+            model="m",
+            prompt_token_ids=[1],
+            sampling=SamplingParams(max_tokens=1),
+            created_at=datetime.now(UTC),
+            priority=priority,
+        )
+        return _engine_request(job, single=single)
+
+    line = request(single=False)
+    flex = request(single=True, priority=ServiceTier.FLEX.priority)
+    urgent = request(single=True, priority=ServiceTier.PRIORITY.priority)
+    plain = request(single=True)
+    assert [r.bulk for r in (line, flex, urgent, plain)] == [True, True, False, False]
+    assert urgent.priority < plain.priority < line.priority == flex.priority

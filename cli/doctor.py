@@ -110,10 +110,10 @@ def _serves(worker: WorkerStatus) -> str:
 def _models(settings: ConnectionSettings) -> Check:
     """The models workers registered, and how many workers online serve each now."""
     from inferq.broker.worker_registry import WorkerRegistry
-    from inferq.store.engine import make_engine, make_sessions
+    from inferq.store.database import make_database, make_sessions
     from inferq.store.served_models import ModelStore
 
-    engine = make_engine(settings.database_url, pool_size=1)
+    engine = make_database(settings.database_url, pool_size=1)
     try:
         models = ModelStore(make_sessions(engine)).all()
     finally:

@@ -23,9 +23,9 @@ keys_app = typer.Typer(
 
 def _key_store(settings: ConnectionSettings) -> KeyStore:
     from inferq.store.api_keys import KeyStore
-    from inferq.store.engine import make_engine, make_sessions
+    from inferq.store.database import make_database, make_sessions
 
-    return KeyStore(make_sessions(make_engine(settings.database_url, pool_size=1)))
+    return KeyStore(make_sessions(make_database(settings.database_url, pool_size=1)))
 
 
 @keys_app.command("create")

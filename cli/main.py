@@ -131,7 +131,7 @@ def migrate(
 
 
 def _announce(settings: Settings, models: list[ServedModel]) -> None:
-    from inferq.store.engine import make_engine, make_sessions
+    from inferq.store.database import make_database, make_sessions
     from inferq.store.served_models import ModelStore
 
     # A name listed twice (in INFERQ_ANNOUNCE_MODELS and as INFERQ_MODEL's) is announced
@@ -139,7 +139,7 @@ def _announce(settings: Settings, models: list[ServedModel]) -> None:
     unique: dict[str, ServedModel] = {}
     for model in models:
         unique.setdefault(model.name, model)
-    engine = make_engine(settings.database_url, pool_size=1)
+    engine = make_database(settings.database_url, pool_size=1)
     try:
         announced = ModelStore(make_sessions(engine)).announce(list(unique.values()))
     finally:

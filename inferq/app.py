@@ -33,7 +33,7 @@ from inferq.settings import Settings
 from inferq.store.api_keys import KeyStore
 from inferq.store.batch_work import BatchWorkStore
 from inferq.store.batches import BatchStore
-from inferq.store.engine import make_engine, make_sessions
+from inferq.store.database import make_database, make_sessions
 from inferq.store.engine_speeds import SpeedStore
 from inferq.store.files import FileStore
 from inferq.store.idempotency import IdempotencyStore
@@ -47,7 +47,7 @@ from inferq.wire.model_catalog import ModelCatalog, RequestLimits
 
 class App:
     """One per process. `pool_size`: the database connections it keeps open (each thread
-    that talks to Postgres at once needs one); `pre_ping`: see `make_engine`;
+    that talks to Postgres at once needs one); `pre_ping`: see `make_database`;
     `keep_connections`: the job store's threads keep theirs (see `inferq.store.base.Store`)."""
 
     def __init__(
@@ -72,7 +72,7 @@ class App:
 
     @cached_property
     def database(self) -> Engine:
-        return make_engine(
+        return make_database(
             self.settings.database_url, pool_size=self._pool_size, pre_ping=self._pre_ping
         )
 

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from cli.demo_model import CPU_DTYPE, TINY, build_demo_model
 from inferq.store.api_keys import KeyStore
-from inferq.store.engine import make_engine, make_sessions
+from inferq.store.database import make_database, make_sessions
 from inferq.store.jobs import JobStore
 from inferq.wire.prompts import PromptRenderer
 from tests.helpers.broker import Broker
@@ -227,7 +227,7 @@ def stack(
             processes.callback(beat.discard)
             wait_worker_ready(worker)
             service.wait_until(log_contains(service, " ready."), timeout_s=60, what="consuming")
-            engine = make_engine(database_url, pool_size=2)
+            engine = make_database(database_url, pool_size=2)
             processes.callback(engine.dispose)
             sessions = make_sessions(engine)
             yield Stack(

@@ -37,7 +37,7 @@ from bench.chaos.load import History
 from bench.chaos.receiver import Delivery
 from bench.chaos.waits import waits_after_faults
 from inferq.domain.jobs import Job
-from inferq.store.engine import make_engine, make_sessions
+from inferq.store.database import make_database, make_sessions
 from inferq.store.jobs import JobStore
 
 FAILING = (
@@ -105,7 +105,7 @@ def check(
         pending_webhooks = conn.execute(
             "SELECT count(*) FROM webhook_deliveries WHERE state IN ('pending', 'delivering')"
         ).fetchone()
-    engine = make_engine(database_url, pool_size=1)
+    engine = make_database(database_url, pool_size=1)
     store = JobStore(make_sessions(engine))
     try:
         found = _findings(

@@ -139,7 +139,7 @@ class Store:
         """A session outside an explicit transaction, for a long read through a
         server-side cursor. It locks no rows, and may wait on a slow client between its
         fetches for as long as the client takes: Postgres does not end it as idle (see
-        `inferq.store.engine`)."""
+        `inferq.store.database`)."""
         with _translated(), self._sessions() as session:
             if self._postgres:
                 session.execute(text("SET LOCAL idle_in_transaction_session_timeout = 0"))

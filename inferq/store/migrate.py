@@ -12,7 +12,7 @@ from sqlalchemy.exc import OperationalError
 
 import migrations
 from inferq.exceptions import SchemaOutdated, StoreUnavailable
-from inferq.store.engine import make_engine
+from inferq.store.database import make_database
 
 
 def alembic_config(database_url: str) -> Config:
@@ -36,7 +36,7 @@ def head_revision() -> str:
 
 def check_schema(database_url: str) -> None:
     """Refuse to run against a database whose schema is not this code's (`SchemaOutdated`)."""
-    engine = make_engine(database_url, pool_size=1)
+    engine = make_database(database_url, pool_size=1)
     try:
         with engine.connect() as connection:
             current = MigrationContext.configure(connection).get_current_revision()

@@ -14,7 +14,7 @@ import httpx
 
 from inferq.domain.jobs import Job, JobStatus
 from inferq.exceptions import StoreUnavailable
-from inferq.store.engine import make_engine, make_sessions
+from inferq.store.database import make_database, make_sessions
 from inferq.store.jobs import JobStore
 from inferq.store.served_models import ModelStore
 from tests.helpers.models import register_model
@@ -34,7 +34,7 @@ class Deployment:
         self.log_dir = log_dir
         self.admin_key = admin_key
         self.processes: list[ServiceProcess] = []
-        self._engine = make_engine(env["INFERQ_DATABASE_URL"], pool_size=2)
+        self._engine = make_database(env["INFERQ_DATABASE_URL"], pool_size=2)
         # Sessions on the deployment's database, for tests that read its rows directly.
         self.sessions = make_sessions(self._engine)
         self.store = JobStore(self.sessions)

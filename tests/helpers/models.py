@@ -6,14 +6,14 @@ from pathlib import Path
 
 from inferq.domain.served_models import served_by
 from inferq.settings import Settings
-from inferq.store.engine import make_engine, make_sessions
+from inferq.store.database import make_database, make_sessions
 from inferq.store.served_models import ModelStore
 
 
 def register_model(database_url: str, model: Path, *, name: str = "tiny") -> None:
     """Record `model` as served under `name`: the API then accepts its jobs, which wait in
     its queues for a worker."""
-    engine = make_engine(database_url, pool_size=1)
+    engine = make_database(database_url, pool_size=1)
     try:
         settings = Settings(model=str(model), served_model_name=name)
         ModelStore(make_sessions(engine)).register(served_by(settings))

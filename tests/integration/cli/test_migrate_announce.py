@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 
 from inferq.domain.served_models import ServedModel
-from inferq.store.engine import make_engine, make_sessions
+from inferq.store.database import make_database, make_sessions
 from inferq.store.served_models import ModelStore
 from tests.conftest import ADMIN_KEY, service_env
 from tests.helpers.processes import INFERQ, free_port, start_api
@@ -67,7 +67,7 @@ def test_a_fresh_deployment_accepts_work_for_the_announced_models_before_any_wor
 
 
 def _served(database_url: str) -> list[ServedModel]:
-    engine = make_engine(database_url, pool_size=1)
+    engine = make_database(database_url, pool_size=1)
     try:
         return ModelStore(make_sessions(engine)).all()
     finally:

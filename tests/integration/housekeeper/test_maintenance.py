@@ -23,7 +23,7 @@ from inferq.domain.jobs import JobSpec, JobStatus, SamplingParams
 from inferq.domain.queue_names import bulk_queue, interactive_queue
 from inferq.exceptions import BrokerUnavailable
 from inferq.settings import Settings
-from inferq.store.engine import make_engine, make_sessions
+from inferq.store.database import make_database, make_sessions
 from inferq.store.jobs import JobStore
 from tests.conftest import REDIS_URL
 from tests.helpers.heartbeats import beat
@@ -46,7 +46,7 @@ class Clock:
 class Harness:
     def __init__(self, database_url: str, key_prefix: str) -> None:
         self.clock = Clock()
-        self.engine = make_engine(database_url, pool_size=2)
+        self.engine = make_database(database_url, pool_size=2)
         self.store = JobStore(make_sessions(self.engine), clock=self.clock)
         self.redis = Redis.from_url(REDIS_URL)
         self.prefix = key_prefix

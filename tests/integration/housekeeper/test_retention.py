@@ -23,7 +23,7 @@ from inferq.domain.usage import Usage
 from inferq.exceptions import NotFound
 from inferq.store.batch_rows import NewBatch
 from inferq.store.batches import BatchStore
-from inferq.store.engine import make_engine, make_sessions
+from inferq.store.database import make_database, make_sessions
 from inferq.store.files import FileSize, FileStore
 from inferq.store.idempotency import IdempotencyStore, IdempotentRequest
 from inferq.store.jobs import JobStore
@@ -88,7 +88,7 @@ def postgres_stores(database_url: str) -> Iterator[Stores]:
 
 @contextmanager
 def _stores_on(url: str) -> Iterator[Stores]:
-    engine = make_engine(url, pool_size=2)
+    engine = make_database(url, pool_size=2)
     sessions = make_sessions(engine)
     clock = Clock()
     yield Stores(

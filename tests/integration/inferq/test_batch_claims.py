@@ -15,7 +15,7 @@ from inferq.domain.batches import BatchStatus
 from inferq.domain.fair_share import ALONE, FleetShare
 from inferq.domain.jobs import JobSpec, SamplingParams
 from inferq.store.api_keys import KeyStore
-from inferq.store.engine import make_engine, make_sessions
+from inferq.store.database import make_database, make_sessions
 from inferq.store.job_rows import BatchPlace, new_job_row
 from inferq.store.jobs import JobStore
 from inferq.store.models import BatchRow, JobRow
@@ -106,7 +106,7 @@ class Batches:
 
 @pytest.fixture
 def batches(store_url: str, clock: Clock) -> Iterator[Batches]:
-    engine = make_engine(store_url, pool_size=2)
+    engine = make_database(store_url, pool_size=2)
     sessions = make_sessions(engine)
     yield Batches(JobStore(sessions, clock=clock), KeyStore(sessions, clock=clock), clock)
     engine.dispose()

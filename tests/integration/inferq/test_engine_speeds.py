@@ -8,14 +8,14 @@ from datetime import timedelta
 
 import pytest
 
-from inferq.store.engine import make_engine, make_sessions
+from inferq.store.database import make_database, make_sessions
 from inferq.store.engine_speeds import SpeedStore
 from tests.helpers.clock import Clock
 
 
 @pytest.fixture
 def speeds(store_url: str, clock: Clock) -> Iterator[SpeedStore]:
-    engine = make_engine(store_url, pool_size=2)
+    engine = make_database(store_url, pool_size=2)
     yield SpeedStore(make_sessions(engine), clock=clock)
     engine.dispose()
 

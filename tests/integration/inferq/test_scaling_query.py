@@ -21,7 +21,7 @@ from inferq.domain.jobs import (
     JobStatus,
 )
 from inferq.domain.queue_names import bulk_queue, interactive_queue
-from inferq.store.engine import make_engine, make_sessions
+from inferq.store.database import make_database, make_sessions
 from inferq.store.jobs import JobStore, NewJob
 from tests.helpers.jobs import create_jobs, job_result, job_spec
 
@@ -38,7 +38,7 @@ def _query() -> str:
 
 @pytest.fixture
 def engine(database_url: str) -> Iterator[Engine]:
-    engine = make_engine(database_url, pool_size=1)
+    engine = make_database(database_url, pool_size=1)
     yield engine
     engine.dispose()
 

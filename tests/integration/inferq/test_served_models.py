@@ -10,7 +10,7 @@ from alembic import command
 from sqlalchemy import select
 
 from inferq.domain.served_models import ServedModel
-from inferq.store.engine import make_engine, make_sessions
+from inferq.store.database import make_database, make_sessions
 from inferq.store.jobs import JobStore
 from inferq.store.migrate import alembic_config, upgrade
 from inferq.store.models import JobRow
@@ -27,7 +27,7 @@ def adapter(name: str) -> ServedModel:
 
 
 def test_a_worker_registering_again_replaces_what_its_model_served(database_url: str) -> None:
-    engine = make_engine(database_url, pool_size=1)
+    engine = make_database(database_url, pool_size=1)
     models = ModelStore(make_sessions(engine))
     bge = ServedModel(
         name="bge",
@@ -50,7 +50,7 @@ def test_a_worker_registering_again_replaces_what_its_model_served(database_url:
 def test_a_starting_worker_announces_its_names_without_undoing_a_loaded_registration(
     database_url: str,
 ) -> None:
-    engine = make_engine(database_url, pool_size=1)
+    engine = make_database(database_url, pool_size=1)
     models = ModelStore(make_sessions(engine))
     # What settings alone say: the context is the model's own until the engine has loaded.
     starting = dataclasses.replace(LLAMA, max_model_len=None)
@@ -65,7 +65,7 @@ def test_a_starting_worker_announces_its_names_without_undoing_a_loaded_registra
 
 
 def test_upgrading_moves_waiting_jobs_to_their_models_queues(database_url: str) -> None:
-    engine = make_engine(database_url, pool_size=1)
+    engine = make_database(database_url, pool_size=1)
     sessions = make_sessions(engine)
     jobs = JobStore(sessions)
     queued, running = create_jobs(

@@ -14,7 +14,7 @@ from sqlalchemy import text
 from inferq.domain.jobs import JobStatus
 from inferq.exceptions import StoreUnavailable
 from inferq.store.base import Store, _translated
-from inferq.store.engine import make_engine, make_sessions
+from inferq.store.database import make_database, make_sessions
 from inferq.store.jobs import JobStore
 from tests.helpers.clock import Clock
 from tests.helpers.jobs import create_jobs
@@ -24,8 +24,8 @@ from tests.integration.inferq.test_store import _spec
 def test_a_cancel_goes_through_a_lock_held_by_a_stopped_session(
     database_url: str, clock: Clock
 ) -> None:
-    stalled = make_engine(database_url, pool_size=1, idle_in_transaction_s=1)
-    other = make_engine(database_url, pool_size=1)
+    stalled = make_database(database_url, pool_size=1, idle_in_transaction_s=1)
+    other = make_database(database_url, pool_size=1)
     store = JobStore(make_sessions(other), clock=clock)
     [job] = create_jobs(store, [_spec()], queue="interactive")
     try:
@@ -62,7 +62,7 @@ class _Reader(Store):
 
 
 def test_a_read_for_a_slow_client_is_not_ended_as_idle(database_url: str) -> None:
-    engine = make_engine(database_url, pool_size=1, idle_in_transaction_s=1)
+    engine = make_database(database_url, pool_size=1, idle_in_transaction_s=1)
     try:
         read = _Reader(make_sessions(engine)).numbers(3)
         first = next(read)

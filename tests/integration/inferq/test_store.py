@@ -22,7 +22,7 @@ from inferq.domain.jobs import (
     SamplingParams,
 )
 from inferq.exceptions import InvalidState, NotFound, StoreUnavailable
-from inferq.store.engine import make_engine, make_sessions
+from inferq.store.database import make_database, make_sessions
 from inferq.store.jobs import JobStore
 from inferq.store.text_codec import ESCAPE
 from tests.helpers.clock import Clock
@@ -31,7 +31,7 @@ from tests.helpers.jobs import create_jobs
 
 @pytest.fixture
 def store(store_url: str, clock: Clock) -> Iterator[JobStore]:
-    engine = make_engine(store_url, pool_size=2)
+    engine = make_database(store_url, pool_size=2)
     yield JobStore(make_sessions(engine), clock=clock)
     engine.dispose()
 
@@ -187,7 +187,7 @@ def test_listing_pages_newest_first_with_a_status_filter(store: JobStore, clock:
 
 
 def test_an_unreachable_database_raises_store_unavailable() -> None:
-    engine = make_engine("postgresql+psycopg://postgres@127.0.0.1:1/none", pool_size=1)
+    engine = make_database("postgresql+psycopg://postgres@127.0.0.1:1/none", pool_size=1)
     store = JobStore(make_sessions(engine))
     with pytest.raises(StoreUnavailable):
         store.ping()
@@ -203,13 +203,13 @@ def test_a_worker_whose_connections_were_lost_fails_one_claim_then_claims(
     database_url: str, hold: bool
 ) -> None:
     # As a worker's store: no check of a connection before its use.
-    engine = make_engine(database_url, pool_size=2, pre_ping=False)
+    engine = make_database(database_url, pool_size=2, pre_ping=False)
     store = JobStore(make_sessions(engine), keep_connections=hold)
     a, b = create_jobs(store, [_spec(), _spec()], queue="interactive")
     with engine.connect(), engine.connect():
         pass  # two connections in the pool
     store.claim_jobs(["job_x"], worker="w", lease_s=60)  # held, when the store holds them
-    killer = make_engine(database_url, pool_size=1)
+    killer = make_database(database_url, pool_size=1)
     with killer.connect() as connection:
         connection.exec_driver_sql(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
@@ -232,7 +232,7 @@ def test_a_worker_whose_connections_were_lost_fails_one_claim_then_claims(
 def test_a_store_that_holds_connections_keeps_one_a_thread_until_the_thread_ends(
     database_url: str,
 ) -> None:
-    engine = make_engine(database_url, pool_size=2, pre_ping=False)
+    engine = make_database(database_url, pool_size=2, pre_ping=False)
     store = JobStore(make_sessions(engine), keep_connections=True)
     jobs = create_jobs(store, [_spec() for _ in range(3)], queue="interactive")
 

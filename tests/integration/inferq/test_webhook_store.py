@@ -12,7 +12,7 @@ import pytest
 
 from inferq.domain.jobs import JobError, JobOutcome
 from inferq.domain.webhooks import Attempt, DeliveryState, WebhookRequest
-from inferq.store.engine import make_engine, make_sessions
+from inferq.store.database import make_database, make_sessions
 from inferq.store.jobs import JobStore, NewJob
 from inferq.store.migrate import upgrade
 from inferq.store.webhooks import WebhookStore
@@ -34,7 +34,7 @@ def stores(
     else:
         url = f"sqlite:///{tmp_path / 'store.db'}"
         upgrade(url)
-    engine = make_engine(url, pool_size=2)
+    engine = make_database(url, pool_size=2)
     sessions = make_sessions(engine)
     wakes: list[int] = []
     yield (

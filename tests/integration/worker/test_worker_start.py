@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from inferq.domain.jobs import JobStatus
-from inferq.store.engine import make_engine, make_sessions
+from inferq.store.database import make_database, make_sessions
 from inferq.store.served_models import ModelStore
 from tests.conftest import DeploymentFactory, new_key_prefix, service_env
 from tests.helpers.processes import INFERQ, log_contains
@@ -60,7 +60,7 @@ def test_a_worker_whose_context_exceeds_the_model_names_the_setting(
 
 
 def _served(database_url: str) -> list[str]:
-    engine = make_engine(database_url, pool_size=1)
+    engine = make_database(database_url, pool_size=1)
     try:
         return [m.name for m in ModelStore(make_sessions(engine)).all()]
     finally:

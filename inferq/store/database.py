@@ -1,4 +1,5 @@
-"""Building the SQLAlchemy engine and session factory, once per process."""
+"""The database connection pool (SQLAlchemy calls it an `Engine`) and session factory,
+built once per process."""
 
 from __future__ import annotations
 
@@ -17,14 +18,14 @@ from inferq.store import text_codec
 IDLE_IN_TRANSACTION_S = 15
 
 
-def make_engine(
+def make_database(
     database_url: str,
     *,
     pool_size: int = 10,
     idle_in_transaction_s: int = IDLE_IN_TRANSACTION_S,
     pre_ping: bool = True,
 ) -> Engine:
-    """An engine whose pooled connections are checked before use (`pre_ping`), so a
+    """A connection pool whose connections are checked before use (`pre_ping`), so a
     database restart costs no failed attempt.
 
     Without the check, the first use of a connection the restart broke fails

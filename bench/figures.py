@@ -220,6 +220,14 @@ def _ms(values: Values) -> str:
     return f"{values[0]:+.0f} ms"
 
 
+def _compat(data: dict[str, Any]) -> Values | None:
+    """Of the ordinary shapes serve answers, how many inferq answers; inferq's 5xx."""
+    counts = data.get("summary")
+    if not isinstance(counts, dict):
+        return None
+    return (counts["inferq_answers_of_those"], counts["serve_answers"], counts["inferq_5xx"])
+
+
 FIGURES: Sequence[Figure] = (
     Figure(
         "batch-x-run-batch",
@@ -356,6 +364,15 @@ FIGURES: Sequence[Figure] = (
             f"{v[0]:.0f} lines end in {v[2]:.1f} s, "
             f"{v[3]:.0%} of the other's {v[1]:,.0f} still to go"
         ),
+    ),
+    Figure(
+        "compat-shapes",
+        "compat",
+        "request shapes `vllm serve` answers that inferq answers too",
+        "`vllm serve` on the same model",
+        _compat,
+        lambda v: f"{v[0]:.0f} of {v[1]:.0f}, {v[2]:.0f} with a 5xx",
+        column="shapes serve answers that inferq answers",
     ),
     Figure(
         "follow",

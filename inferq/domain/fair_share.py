@@ -2,12 +2,12 @@
 
 Single jobs never wait for this: they go first. The room left for batch lines is shared
 between the tenants with lines waiting in proportion to their weights (a tenant's is the
-largest of its live API keys', 1 by default): each line claimed for a tenant adds
-1 / weight to its virtual finish time, and the next line goes to the earliest. A tenant
-that had nothing waiting joins at the queue's clock, so time away earns no credit.
-Within a tenant: `priority` (lower first), then the window that closes first, then age;
-a batch's lines in input order. Between the workers of one queue, none claims more than
-its share of the lines left (`FleetShare`)."""
+largest of its live API keys', 1 by default): each line claimed for a tenant, and each
+of its flex single jobs (`service_tier: flex`), adds 1 / weight to its virtual finish time,
+and the next line goes to the earliest. A tenant that had nothing waiting joins at the
+queue's clock, so time away earns no credit. Within a tenant: `priority` (lower first),
+then the window that closes first, then age; a batch's lines in input order. Between the
+workers of one queue, none claims more than its share of the lines left (`FleetShare`)."""
 
 from __future__ import annotations
 

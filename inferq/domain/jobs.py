@@ -146,7 +146,8 @@ class ServiceTier(enum.StrEnum):
     PRIORITY = "priority"
     """Ahead of every other single job."""
     FLEX = "flex"
-    """As batch lines run in the engine: behind every single job, preempted first."""
+    """As batch lines run in the engine: behind every single job, preempted first, and
+    counted in its tenant's share of batch work."""
 
     @classmethod
     def asked(cls, tier: str | None) -> ServiceTier:
@@ -335,6 +336,12 @@ class ClaimedJob:
     batch_id: str | None = None
     priority: int = 0
     stream: bool = False
+
+    @property
+    def flex(self) -> bool:
+        """Whether it is a single job asked for at `service_tier: flex` (it counts in its
+        tenant's share of batch work)."""
+        return self.batch_id is None and self.priority == ServiceTier.FLEX.priority
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,6 +20,11 @@ def bulk_queue(model: str) -> str:
     return f"{BULK_QUEUE}{_SEPARATOR}{model}"
 
 
+def bulk_queue_beside(queue: str) -> str:
+    """The queue of batch lines for the served model whose queue `queue` is."""
+    return bulk_queue(queue.partition(_SEPARATOR)[2])
+
+
 def gpu_queues(model: str) -> tuple[str, str]:
     """What a worker serving `model` consumes, the one it takes from first first."""
     return interactive_queue(model), bulk_queue(model)

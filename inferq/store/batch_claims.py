@@ -1,10 +1,12 @@
 """Claiming batch lines in the order work is shared (inferq/domain/fair_share.py): the
 GPU worker asks for as many lines as its engine has room for, and gets the next ones of
-each tenant in turn. `JobStore` has this call."""
+each tenant in turn. A flex single job (`service_tier: flex`) counts in its tenant's
+share as one of its lines would. `JobStore` has these calls."""
 
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
@@ -22,6 +24,7 @@ from sqlalchemy import (
 from inferq.domain.batches import BatchStatus
 from inferq.domain.fair_share import ALONE, FleetShare, Share, WaitingBatch, joined, split
 from inferq.domain.jobs import ClaimedJob, JobStatus
+from inferq.domain.queue_names import bulk_queue_beside
 from inferq.store.base import as_utc
 from inferq.store.batch_work import tenant_weight
 from inferq.store.dialects import conflict_insert, on_postgres
@@ -37,6 +40,39 @@ class BatchClaims(JobLeases):
     """Batch lines taken for a worker, fairly between tenants: chosen here, then claimed
     by the one claim every job goes through (`JobLeases.claim_jobs`), in the same
     transaction."""
+
+    def claim_jobs(
+        self,
+        job_ids: Sequence[str],
+        *,
+        worker: str,
+        lease_s: int,
+        within: Connection | None = None,
+    ) -> list[ClaimedJob]:
+        """As `JobLeases.claim_jobs`; each flex job claimed counts in its tenant's share of
+        its model's batch work, as a line claimed for the tenant does."""
+        claimed = super().claim_jobs(job_ids, worker=worker, lease_s=lease_s, within=within)
+        if flex := [job.id for job in claimed if job.flex]:
+            self._count_in_shares(flex)
+        return claimed
+
+    def _count_in_shares(self, job_ids: Sequence[str]) -> None:
+        """Move each tenant's finish time on by its flex jobs among `job_ids`, as its
+        lines claimed would (from the queue's clock if it is behind)."""
+        with self._transaction() as session:
+            connection = session.connection()
+            rows = connection.execute(_FLEX_TENANTS, {"ids": list(job_ids)}).all()
+            counts = Counter((bulk_queue_beside(row.queue), row.tenant) for row in rows)
+            weights = {row.tenant: float(max(row.weight, 1)) for row in rows}
+            for queue in sorted({queue for queue, _ in counts}):
+                clock = _locked_clock(connection, queue)
+                tenants = sorted(tenant for each, tenant in counts if each == queue)
+                finishes = _finishes(connection, queue, tenants)
+                moved = {
+                    t: joined(finishes.get(t), clock) + counts[queue, t] / weights[t]
+                    for t in tenants
+                }
+                _save(connection, queue, clock=clock, finishes=moved)
 
     def claim_batch_lines(
         self,
@@ -120,6 +156,10 @@ _WAITING = select(
         JobRow.queue == bindparam("queue"),
     ),
 )
+
+_FLEX_TENANTS = select(
+    JobRow.queue, JobRow.tenant, tenant_weight(JobRow.tenant).label("weight")
+).where(JobRow.id.in_(bindparam("ids", expanding=True)))
 
 _CLOCK = (
     select(ShareClockRow.clock).where(ShareClockRow.queue == bindparam("queue")).with_for_update()

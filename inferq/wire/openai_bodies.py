@@ -49,8 +49,8 @@ class _OpenAIBody(SamplingBase, Lenient):
     service_tier: ServiceTier | None = Field(
         None,
         description="`priority` runs ahead of other single jobs; `flex` runs as batch work "
-        "does, behind every single job; `auto` and `default` (the default) as a single "
-        "job. The answer's `service_tier` says which ran.",
+        "does, behind every single job and in the tenant's share of batch work; `auto` "
+        "and `default` (the default) as a single job. The answer's `service_tier` says which ran.",
     )
     user: str | None = ignored("an end-user id for OpenAI's abuse monitoring.")
     store: bool | None = ignored("every request is kept as a job (see `/v1/jobs`) anyway.")

@@ -186,7 +186,8 @@ class ResponsesBody(SamplerFields, Lenient):
     service_tier: Literal["auto", "default", "flex", "priority"] | None = Field(
         None,
         description="`priority` runs ahead of other single jobs; `flex` as batch work "
-        "does, behind every single job; `auto` and `default` as a single job.",
+        "does, behind every single job and in the tenant's share of batch work; `auto` "
+        "and `default` as a single job.",
     )
 
     @model_validator(mode="after")

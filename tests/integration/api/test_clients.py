@@ -1,7 +1,9 @@
 """Client libraries built on OpenAI's API, unchanged, against the real stack: LangChain's
 `ChatOpenAI` plain, streamed, batched, with a forced tool call made once, and with
 structured output parsed into a pydantic model; pydantic-ai's agent with its model
-settings (`parallel_tool_calls`, `logit_bias`) and a structured output."""
+settings (`parallel_tool_calls`, `logit_bias`) and a structured output; the OpenAI Agents
+SDK's agent on its chat-completions model and on its responses model, to a plain, a
+structured and a function tool's final output."""
 
 from __future__ import annotations
 
@@ -12,6 +14,15 @@ from typing import Any, Literal
 
 import httpx
 import pytest
+from agents import Agent as AgentsAgent
+from agents import ModelSettings as AgentsSettings
+from agents import (
+    OpenAIChatCompletionsModel,
+    OpenAIResponsesModel,
+    RunConfig,
+    Runner,
+    function_tool,
+)
 from langchain_openai import ChatOpenAI
 from openai import AsyncOpenAI
 from pydantic import BaseModel, Field
@@ -103,3 +114,61 @@ def test_pydantic_ai_runs_with_its_model_settings_and_a_structured_output(stack:
     assert isinstance(plain.output, str)
     assert plain.usage.output_tokens == 8  # end of sequence ruled out
     assert isinstance(feeling.output, Sentiment)
+
+
+@function_tool
+def forecast(city: Literal["Paris", "Oslo", "Lima"], days: int) -> str:
+    """The forecast for a city, some days ahead."""
+    return f"{city}: sunny for {days} days"
+
+
+@pytest.mark.parametrize("model_class", [OpenAIChatCompletionsModel, OpenAIResponsesModel])
+def test_openai_agents_run_to_a_final_output(
+    stack: Stack, model_class: type[OpenAIChatCompletionsModel | OpenAIResponsesModel]
+) -> None:
+    # A response cut short by max_output_tokens is `incomplete`, which the SDK's responses
+    # model raises on (as it does against OpenAI's): the plain answer ends at a stop string
+    # (vLLM's `stop`), the structured and the tool call's arguments where their schema does.
+    plain_settings = AgentsSettings(max_tokens=100, temperature=0, extra_body={"stop": "."})
+    # Sampled, as the structured-output tests are (see the LangChain test above); the tool
+    # is forced, and the agent stops on its result, since the random model's free text
+    # would not choose to call it.
+    sampled = AgentsSettings(max_tokens=400, temperature=1, extra_body={"seed": 2})
+    forced = sampled.resolve(AgentsSettings(tool_choice="forecast", parallel_tool_calls=False))
+    no_tracing = RunConfig(tracing_disabled=True)
+
+    async def run() -> tuple[Any, Any, Any]:
+        async with AsyncOpenAI(base_url=stack.url + "/v1", api_key=ADMIN_KEY) as client:
+            model = model_class(model=MODEL_NAME, openai_client=client)
+            plain = await Runner.run(
+                AgentsAgent(name="plain", model=model, model_settings=plain_settings),
+                QUESTION,
+                run_config=no_tracing,
+            )
+            feeling = await Runner.run(
+                AgentsAgent(
+                    name="feeling", model=model, model_settings=sampled, output_type=Sentiment
+                ),
+                "I love it.",
+                run_config=no_tracing,
+            )
+            called = await Runner.run(
+                AgentsAgent(
+                    name="weather",
+                    model=model,
+                    model_settings=forced,
+                    tools=[forecast],
+                    tool_use_behavior="stop_on_first_tool",
+                ),
+                "What is the weather in Oslo?",
+                run_config=no_tracing,
+            )
+        return plain, feeling, called
+
+    plain, feeling, called = asyncio.run(run())
+    assert isinstance(plain.final_output, str)
+    assert plain.final_output
+    assert "." not in plain.final_output
+    assert isinstance(feeling.final_output, Sentiment)
+    assert called.final_output.startswith(("Paris:", "Oslo:", "Lima:"))
+    assert "sunny for" in called.final_output

@@ -10,6 +10,7 @@ from typing import Any
 import openai
 import pytest
 
+from inferq.store.models import ShareRow
 from inferq.wire.prompts import PromptRenderer
 from tests.conftest import MODEL_NAME, Stack
 from tests.helpers.processes import log_contains
@@ -193,3 +194,31 @@ def test_the_answer_says_which_service_tier_ran(stack: Stack) -> None:
         model=MODEL_NAME, input="The sea", max_output_tokens=4, service_tier="priority"
     )
     assert response.service_tier == "priority"
+
+
+def test_flex_work_counts_in_its_tenants_share_of_batch_work(stack: Stack) -> None:
+    secret = stack.new_key()
+    tenant = stack.tenant_of(secret)
+    client = openai.OpenAI(base_url=stack.url + "/v1", api_key=secret, max_retries=0, timeout=120)
+
+    def place() -> float:
+        """Where the tenant's share of the model's batch work has got to."""
+        with stack.store._transaction() as session:
+            row = session.get(ShareRow, (f"bulk:{MODEL_NAME}", tenant))
+            assert row is not None
+            return row.finish
+
+    def chat(tier: str) -> None:
+        client.chat.completions.create(
+            **GREEDY,
+            messages=CHAT,  # type: ignore[arg-type]
+            service_tier=tier,  # type: ignore[arg-type]
+        )
+
+    chat("flex")
+    first = place()
+    chat("default")
+    assert place() == first  # a single job is not batch work
+    chat("flex")
+    assert place() == first + 1  # weight 1: one line's worth
+    client.close()

@@ -1,9 +1,10 @@
 """Batch lines claimed in the order work is shared: fairly between tenants by weight, by
-priority, window and age within a tenant, each batch in input order. On Postgres and on
-SQLite (`inferq run`'s store)."""
+priority, window and age within a tenant, each batch in input order; a flex single job
+counts in its tenant's share. On Postgres and on SQLite (`inferq run`'s store)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
@@ -13,7 +14,7 @@ from sqlalchemy import insert, update
 
 from inferq.domain.batches import BatchStatus
 from inferq.domain.fair_share import ALONE, FleetShare
-from inferq.domain.jobs import JobSpec, SamplingParams
+from inferq.domain.jobs import JobSpec, SamplingParams, ServiceTier
 from inferq.store.api_keys import KeyStore
 from inferq.store.database import make_database, make_sessions
 from inferq.store.job_rows import BatchPlace, new_job_row
@@ -83,6 +84,22 @@ class Batches:
         self.clock.now += timedelta(seconds=1)
         return batch_id
 
+    def single_jobs(self, tenant: str, count: int, *, tier: ServiceTier) -> list[str]:
+        """`count` single jobs of `tenant`'s at `tier`, claimed by a worker as it is asked."""
+        spec = dataclasses.replace(SPEC, priority=tier.priority)
+        rows = [
+            new_job_row(
+                spec, tenant=tenant, queue="interactive:tiny", now=self.clock(), requeue_after_s=60
+            )
+            for _ in range(count)
+        ]
+        with self.store._transaction() as session:
+            session.execute(insert(JobRow), rows)
+        ids = [str(row["id"]) for row in rows]
+        claimed = self.store.claim_jobs(ids, worker="w", lease_s=60)
+        assert [job.flex for job in claimed] == [tier is ServiceTier.FLEX] * count
+        return ids
+
     def claim(
         self, limit: int, *, queue: str = QUEUE, fleet: FleetShare = ALONE, worker: str = "w"
     ) -> list[tuple[str, int]]:
@@ -139,6 +156,21 @@ def test_weights_set_the_shares(batches: Batches) -> None:
     batches.add("heavy", 200)
     claimed = [line for _ in range(10) for line in batches.claim(8)]
     assert batches.tenants(claimed) == Counter({"light": 20, "heavy": 60})
+
+
+def test_flex_single_jobs_count_in_their_tenants_share(batches: Batches) -> None:
+    batches.add("a", 40)
+    batches.add("b", 40)
+    batches.single_jobs("a", 6, tier=ServiceTier.FLEX)
+    batches.single_jobs("b", 6, tier=ServiceTier.DEFAULT)
+    # A's six flex jobs stand for six of its lines: B's lines catch up first, then the
+    # two take turns; B's default single jobs are not batch work and count for nothing.
+    assert batches.tenants(batches.claim(12)) == Counter({"b": 9, "a": 3})
+    # A tenant with no lines waiting counts them too: C's next batch joins four lines
+    # behind the others, which take turns until C has caught up.
+    batches.single_jobs("c", 4, tier=ServiceTier.FLEX)
+    batches.add("c", 40)
+    assert batches.tenants(batches.claim(12)) == Counter({"a": 6, "b": 5, "c": 1})
 
 
 def test_within_a_tenant_priority_then_the_closing_window_then_age(batches: Batches) -> None:

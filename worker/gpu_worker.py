@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from inferq.broker.events import FinishedJobs, announced_result
-from inferq.domain.jobs import ClaimedJob, JobOutcome, ServiceTier, engine_priority
+from inferq.domain.jobs import ClaimedJob, JobOutcome, engine_priority
 from inferq.exceptions import JobsReturned, StoreUnavailable
 from inferq.host import supervision
 from inferq.settings import Settings
@@ -379,5 +379,5 @@ def _engine_request(job: ClaimedJob, *, single: bool) -> EngineRequest:
         created_at=job.created_at,
         priority=priority,
         stream=job.stream,
-        bulk=not single or job.priority >= ServiceTier.FLEX.priority,
+        bulk=not single or job.flex,
     )

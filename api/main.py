@@ -22,7 +22,7 @@ from api.metrics import (
     ApiMetrics,
     QueueCollector,
     RequestMetrics,
-    StalledJobsCollector,
+    StuckJobsCollector,
     UsageCollector,
 )
 from api.ratelimit import RateLimiter
@@ -126,7 +126,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         preloading = asyncio.create_task(asyncio.to_thread(prompts.preload))
         app.state.services = services
         metrics.registry.register(QueueCollector(inferq.queues, inferq.workers, inferq.catalog))
-        metrics.registry.register(StalledJobsCollector(inferq.stalled_jobs))
+        metrics.registry.register(StuckJobsCollector(inferq.stuck_jobs))
         metrics.registry.register(UsageCollector(inferq.usage))
         await services.waiter.start()
         await services.stream_reader.start()

@@ -1,5 +1,5 @@
 """The API's Prometheus metrics: requests by route and status, latency, queue depths,
-stalled jobs, and usage by tenant and model."""
+stuck jobs, and usage by tenant and model."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferq.broker.queues import QueueMonitor
-from inferq.broker.stalled_jobs import StalledJobs
+from inferq.broker.stuck_jobs import StuckJobs
 from inferq.broker.worker_registry import WorkerRegistry
 from inferq.exceptions import InferqError
 from inferq.store.usage import UsageStore
@@ -73,30 +73,31 @@ class QueueCollector(Collector):
         yield serving
 
 
-class StalledJobsCollector(Collector):
-    """Each served model's stalled jobs, as maintenance counted them at its last pass (it
+class StuckJobsCollector(Collector):
+    """Each served model's stuck jobs, as maintenance counted them at its last pass (it
     writes them to Redis; a scrape never queries Postgres for them)."""
 
-    def __init__(self, stalled: StalledJobs) -> None:
-        self._stalled = stalled
+    def __init__(self, stuck: StuckJobs) -> None:
+        self._stuck = stuck
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         try:
-            counts = self._stalled.counts()
+            counts = self._stuck.counts()
         except InferqError as exc:
-            log.warning("cannot read stalled jobs: %s", exc.message)
+            log.warning("cannot read stuck jobs: %s", exc.message)
             return
         if not counts:  # maintenance has not counted lately: no sample, rather than a 0
             return
-        stalled = GaugeMetricFamily(
+        # A public name, kept for dashboards and alerts: the jobs it counts are stuck.
+        stuck = GaugeMetricFamily(
             "inferq_jobs_stalled",
-            "Jobs queued for longer than INFERQ_STALL_S while workers online for their model "
-            "had room, by model, at maintenance's last pass.",
+            "Stuck jobs: queued for longer than INFERQ_STALL_S while workers online for "
+            "their model had room, by model, at maintenance's last pass.",
             labels=["model"],
         )
         for model, count in sorted(counts.items()):
-            stalled.add_metric([model], count)
-        yield stalled
+            stuck.add_metric([model], count)
+        yield stuck
 
 
 class UsageCollector(Collector):

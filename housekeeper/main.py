@@ -96,7 +96,7 @@ def run_housekeeper(settings: Settings, *, name: str | None = None) -> None:
         redis=app.redis,
         key_prefix=settings.redis_key_prefix,
         requeue_after_s=settings.requeue_after_s,
-        stranded_after_s=settings.lease_s,
+        unclaimed_after_s=settings.lease_s,
         batches=app.batch_lifecycle,
         estimates=app.batch_estimates,
         webhooks_due=app.webhooks.due,
@@ -108,7 +108,7 @@ def run_housekeeper(settings: Settings, *, name: str | None = None) -> None:
         fleet=FleetWatch(
             store=app.jobs,
             workers=app.workers,
-            stalled=app.stalled_jobs,
+            stuck=app.stuck_jobs,
             stall_s=settings.stall_s,
             # As long as `inferq health maintenance` waits for a pass.
             record_ttl_s=3 * settings.maintenance_interval_s,

@@ -54,8 +54,8 @@ class MaintenanceReport:
     redis_lost: bool
     republished: int
     skipped: bool = False
-    # Each served model's stalled jobs (housekeeper/fleet.py).
-    stalled: dict[str, int] = field(default_factory=dict)
+    # Each served model's stuck jobs (housekeeper/fleet.py).
+    stuck: dict[str, int] = field(default_factory=dict)
 
 
 class Maintenance:
@@ -70,7 +70,7 @@ class Maintenance:
         redis: Redis,
         key_prefix: str,
         requeue_after_s: int,
-        stranded_after_s: int,
+        unclaimed_after_s: int,
         batches: BatchLifecycle,
         estimates: BatchEstimates,
         webhooks_due: Callable[[], bool],
@@ -87,7 +87,7 @@ class Maintenance:
         self._lock_key = key_prefix + MAINTENANCE_LOCK_KEY
         self._last_run_key = key_prefix + MAINTENANCE_LAST_RUN_KEY
         self._requeue_after_s = requeue_after_s
-        self._stranded_after = timedelta(seconds=stranded_after_s)
+        self._unclaimed_after = timedelta(seconds=unclaimed_after_s)
         self._key_prefix = key_prefix
         self._lock_s = lock_s
         self._clock = clock
@@ -148,24 +148,24 @@ class Maintenance:
             if len(batch) < BATCH_LIMIT:
                 break
         models = list(self._served_models())
-        # Batch lines are never stranded: feeders look for them in Postgres themselves.
+        # Single jobs only: feeders look for unclaimed batch lines in Postgres themselves.
         queues = [queue for model in models for queue in gpu_queues(model) if not is_bulk(queue)]
         for queue in queues:
             horizon = self._delivered_before(queue)
             if horizon is not None:
-                due += self._store.take_stranded(
+                due += self._store.take_unclaimed(
                     queue=queue,
-                    published_before=horizon - self._stranded_after,
+                    published_before=horizon - self._unclaimed_after,
                     requeue_after_s=self._requeue_after_s,
                     limit=BATCH_LIMIT,
                 )
         self._publish(due)
         # After publishing: a job just published again has not waited since.
         try:
-            stalled = self._fleet.check(models)
+            stuck = self._fleet.check(models)
         except Exception:  # a view for operators: it never stops the pass's real work
-            log.exception("could not count stalled jobs")
-            stalled = {}
+            log.exception("could not count stuck jobs")
+            stuck = {}
         self._tend_batches()
         if self._webhooks_due():
             # Retries come due here, on Postgres' clock: no long Celery countdowns.
@@ -173,7 +173,7 @@ class Maintenance:
         if due and not redis_lost:
             log.warning("published %d jobs again (lapsed leases or lost messages)", len(due))
         self._keep_retention()
-        return MaintenanceReport(redis_lost=redis_lost, republished=len(due), stalled=stalled)
+        return MaintenanceReport(redis_lost=redis_lost, republished=len(due), stuck=stuck)
 
     def _keep_retention(self) -> None:
         report = self._retention.run_once()

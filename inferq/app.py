@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from inferq.broker.celery_app import JobPublisher, make_celery
 from inferq.broker.events import JobEvents
 from inferq.broker.queues import QueueMonitor
-from inferq.broker.stalled_jobs import StalledJobs
+from inferq.broker.stuck_jobs import StuckJobs
 from inferq.broker.worker_registry import WorkerRegistry
 from inferq.exceptions import StoreUnavailable
 from inferq.operations.batch_estimates import BatchEstimates
@@ -108,8 +108,8 @@ class App:
         return WorkerRegistry(self.redis, key_prefix=self.settings.redis_key_prefix)
 
     @cached_property
-    def stalled_jobs(self) -> StalledJobs:
-        return StalledJobs(self.redis, key_prefix=self.settings.redis_key_prefix)
+    def stuck_jobs(self) -> StuckJobs:
+        return StuckJobs(self.redis, key_prefix=self.settings.redis_key_prefix)
 
     # The stores. Those that end jobs or batches nudge the webhook sender when they do.
 

@@ -34,9 +34,10 @@ API_CHANNEL: Final = "api"
 EPOCH_KEY: Final = "epoch"
 MAINTENANCE_LOCK_KEY: Final = "maintenance:lock"
 MAINTENANCE_LAST_RUN_KEY: Final = "maintenance:last-run"
-# Per served model, how many jobs maintenance last found stalled (queued for
+# Per served model, how many jobs maintenance last found stuck (queued for
 # INFERQ_STALL_S while workers for the model had room): JSON, gone if maintenance stops.
-JOBS_STALLED_KEY: Final = "jobs:stalled"
+# The key keeps its name, as the metric `inferq_jobs_stalled` does.
+JOBS_STUCK_KEY: Final = "jobs:stalled"
 # Reports of retention's latest passes (JSON, newest first), and how many are kept.
 RETENTION_PASSES_KEY: Final = "retention:passes"
 RETENTION_PASSES_KEPT: Final = 1000

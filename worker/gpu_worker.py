@@ -236,8 +236,8 @@ class GpuWorker:
         if gone := self._door.not_held([job.id for job in claimed]):
             self.loop.abort(gone)
         if self._draining.is_set():  # the drain may have missed jobs claimed just now
-            stranded = self.admission.remove({job.id for job in claimed})
-            self._give_back([r.job_id for r in stranded])
+            unstarted = self.admission.remove({job.id for job in claimed})
+            self._give_back([r.job_id for r in unstarted])
 
     # 3. The engine loop runs them, and hands each outcome to the writer (worker/loop.py).
 

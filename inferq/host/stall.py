@@ -22,7 +22,7 @@ from inferq.host import supervision
 log = logging.getLogger(__name__)
 
 EXIT_STUCK = 72
-# Readings per stall bound (and at least one every `MAX_EVERY_S`).
+# Readings per `stall_s` (and at least one every `MAX_EVERY_S`).
 READINGS = 6
 MAX_EVERY_S = 5.0
 
@@ -39,7 +39,7 @@ class Progress:
 
 
 class StallWatch:
-    """Reads a process's progress in a thread, and heals it or gives up when it stalls."""
+    """Reads a process's progress in a thread, and heals it or gives up when it is stuck."""
 
     def __init__(
         self,

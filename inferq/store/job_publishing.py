@@ -101,13 +101,13 @@ class JobPublishing(Store):
         with self._transaction() as session:
             return session.scalar(statement) or 0
 
-    def take_stranded(
+    def take_unclaimed(
         self, *, queue: str, published_before: datetime, requeue_after_s: int, limit: int
     ) -> list[DueJob]:
         """Queued jobs of `queue` published before `published_before`: their messages have
         left Redis's list, yet no worker claimed them (it died first). Publish again."""
         now = self._clock()
-        stranded = (
+        unclaimed = (
             select(JobRow.id)
             .where(
                 JobRow.status == JobStatus.QUEUED.value,
@@ -119,7 +119,7 @@ class JobPublishing(Store):
         )
         statement = (
             update(JobRow)
-            .where(JobRow.id.in_(stranded.scalar_subquery()))
+            .where(JobRow.id.in_(unclaimed.scalar_subquery()))
             .values(lease_expires_at=now + timedelta(seconds=requeue_after_s), published_at=now)
             .returning(JobRow.id, JobRow.queue)
             .execution_options(synchronize_session=False)

@@ -132,7 +132,7 @@ class JobRow(Base):
             sqlite_where=text("status IN ('queued', 'running')"),
         ),
         # Queued jobs by queue and when they were last published: those maintenance finds
-        # stranded (their message delivered, the job never claimed) or stalled (waiting
+        # unclaimed (their message delivered, the job never claimed) or stuck (waiting
         # while workers have room), without reading the jobs that ran.
         Index(
             "ix_jobs_queued_published",

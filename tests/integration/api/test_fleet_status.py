@@ -1,5 +1,5 @@
 """What the API says of the fleet when something waits forever: a stuck worker in
-`/v1/status`, and maintenance's count of stalled jobs on `/metrics`. Heartbeats and the
+`/v1/status`, and maintenance's count of stuck jobs on `/metrics`. Heartbeats and the
 counts are written into Redis as a worker and maintenance write them."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import httpx
 import pytest
 from redis import Redis
 
-from inferq.broker.stalled_jobs import StalledJobs
+from inferq.broker.stuck_jobs import StuckJobs
 from tests.conftest import ADMIN_KEY, REDIS_URL, service_env
 from tests.helpers.heartbeats import beat
 from tests.helpers.metrics import scrape
@@ -43,11 +43,11 @@ def test_status_names_a_stuck_worker_and_says_why(api: str, key_prefix: str) -> 
     }
 
 
-def test_metrics_show_the_jobs_maintenance_last_found_stalled(api: str, key_prefix: str) -> None:
+def test_metrics_show_the_jobs_maintenance_last_found_stuck(api: str, key_prefix: str) -> None:
     assert not any(name == "inferq_jobs_stalled" for name, _ in scrape(f"{api}/metrics"))
     redis = Redis.from_url(REDIS_URL)
     try:
-        StalledJobs(redis, key_prefix=key_prefix).record({"tiny": 3, "other": 0}, ttl_s=45)
+        StuckJobs(redis, key_prefix=key_prefix).record({"tiny": 3, "other": 0}, ttl_s=45)
     finally:
         redis.close()
     samples = scrape(f"{api}/metrics")

@@ -1,6 +1,6 @@
 """Maintenance on real Redis and Postgres, without workers (heartbeats stand in for them
 where one is needed): what it publishes again, what it leaves alone, and the jobs it
-finds stalled."""
+finds stuck."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ class Harness:
             redis=self.redis,
             key_prefix=self.prefix,
             requeue_after_s=3600,
-            stranded_after_s=30,
+            unclaimed_after_s=30,
             batches=self.app.batch_lifecycle,
             estimates=self.app.batch_estimates,
             webhooks_due=self.app.webhooks.due,
@@ -75,7 +75,7 @@ class Harness:
             fleet=FleetWatch(
                 store=self.store,
                 workers=self.app.workers,
-                stalled=self.app.stalled_jobs,
+                stuck=self.app.stuck_jobs,
                 stall_s=STALL_S,
                 record_ttl_s=45,
                 clock=self.clock,
@@ -138,7 +138,7 @@ def test_a_delivered_but_unclaimed_job_is_published_again_after_a_lease(
     assert harness.maintenance.run_once().republished == 0
 
 
-def test_jobs_behind_a_waiting_message_are_not_stranded(harness: Harness) -> None:
+def test_jobs_behind_a_waiting_message_are_not_published_again(harness: Harness) -> None:
     first, second = harness.create(2)
     harness.publisher.publish_interactive([first, second], queue=INTERACTIVE_QUEUE)
     harness.clock.now += timedelta(hours=1) - timedelta(seconds=1)
@@ -230,10 +230,10 @@ def test_a_job_stored_while_redis_was_down_is_published_at_the_next_pass(
     assert harness.queued_messages() == [[job]]
 
 
-def test_jobs_queued_past_the_bound_while_a_worker_has_room_are_stalled(
+def test_jobs_queued_past_the_bound_while_a_worker_has_room_are_stuck(
     harness: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Their messages wait in Redis (so none is stranded) and no worker takes them.
+    # Their messages wait in Redis (none was delivered and left unclaimed) and no worker takes them.
     old = harness.create(2)
     harness.publisher.publish_interactive(old, queue=INTERACTIVE_QUEUE)
     old_line = harness.create(1, queue=BULK_QUEUE)
@@ -250,7 +250,7 @@ def test_jobs_queued_past_the_bound_while_a_worker_has_room_are_stalled(
     with caplog.at_level(logging.WARNING, logger="housekeeper.fleet"):
         report = harness.maintenance.run_once()
 
-    assert report.stalled == {"m": 3}
+    assert report.stuck == {"m": 3}
     assert report.republished == 0
     [line] = [r.getMessage() for r in caplog.records if r.name == "housekeeper.fleet"]
     assert line == (
@@ -258,11 +258,11 @@ def test_jobs_queued_past_the_bound_while_a_worker_has_room_are_stalled(
         "their messages may be lost, or the workers not consuming"
     )
     # What the API's /metrics reads, until a few passes have gone by without maintenance.
-    assert harness.app.stalled_jobs.counts() == {"m": 3}
+    assert harness.app.stuck_jobs.counts() == {"m": 3}
     assert 0 < harness.redis.ttl(harness.prefix + "jobs:stalled") <= 45
 
 
-def test_jobs_waiting_for_room_are_not_stalled(
+def test_jobs_waiting_for_room_are_not_stuck(
     harness: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
     old = harness.create(2)
@@ -273,21 +273,21 @@ def test_jobs_waiting_for_room_are_not_stalled(
     beat(harness.prefix, name="gpu-other@test", model="other", room=True)
 
     with caplog.at_level(logging.WARNING, logger="housekeeper.fleet"):
-        assert harness.maintenance.run_once().stalled == {"m": 0}
+        assert harness.maintenance.run_once().stuck == {"m": 0}
     assert [r for r in caplog.records if r.name == "housekeeper.fleet"] == []
-    assert harness.app.stalled_jobs.counts() == {"m": 0}
+    assert harness.app.stuck_jobs.counts() == {"m": 0}
 
 
-def test_jobs_queued_for_less_than_the_bound_are_not_stalled(harness: Harness) -> None:
+def test_jobs_queued_for_less_than_the_bound_are_not_stuck(harness: Harness) -> None:
     jobs = harness.create(2)
     harness.publisher.publish_interactive(jobs, queue=INTERACTIVE_QUEUE)
     beat(harness.prefix, name="gpu-idle@test", model="m", room=True)
     harness.clock.now += timedelta(seconds=STALL_S - 1)
-    assert harness.maintenance.run_once().stalled == {"m": 0}
+    assert harness.maintenance.run_once().stuck == {"m": 0}
     # A worker that took their message holds them until its engine has room, and says so.
     harness.store.touch_published(jobs)
     harness.clock.now += timedelta(seconds=2)
-    assert harness.maintenance.run_once().stalled == {"m": 0}
-    # Held by nobody for the bound: stalled.
+    assert harness.maintenance.run_once().stuck == {"m": 0}
+    # Held by nobody for the bound: stuck.
     harness.clock.now += timedelta(seconds=STALL_S)
-    assert harness.maintenance.run_once().stalled == {"m": 2}
+    assert harness.maintenance.run_once().stuck == {"m": 2}

@@ -67,7 +67,7 @@ def worker(
 def webhooks(
     name: Annotated[str | None, typer.Option(help="Worker name.")] = None,
 ) -> None:
-    """Run the housekeeping worker (no GPU): webhook delivery, maintenance, batch endings."""
+    """Run the housekeeper (no GPU): webhook deliveries, the maintenance pass, batch endings."""
     from housekeeper.main import run_housekeeper
 
     run_housekeeper(configured(), name=name)

@@ -1,2 +1,2 @@
-"""The GPU-less worker (`inferq webhooks`) and `inferq beat`: webhook delivery, maintenance
+"""The housekeeper (`inferq webhooks`, no GPU) and `inferq beat`: webhook delivery, maintenance
 (republishing lost work, expiring and finalizing batches) and retention."""

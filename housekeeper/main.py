@@ -1,5 +1,5 @@
-"""The housekeeping worker (`inferq webhooks`): the GPU-less worker for webhook delivery,
-maintenance and batch finalization; and `inferq beat`, which schedules maintenance."""
+"""The housekeeper (`inferq webhooks`): the process with no GPU that delivers webhooks,
+runs the maintenance pass and ends batches; and `inferq beat`, which schedules maintenance."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The stall watches of the housekeeping worker and of beat (inferq/host/stall.py).
+"""The stall watches of the housekeeper and of beat (inferq/host/stall.py).
 
-- The housekeeping worker is stuck when its queues (webhooks, maintenance) hold messages,
+- The housekeeper is stuck when its queues (webhooks, maintenance) hold messages,
   one of its threads is free, and it has started no task for `stall_s`: it consumes
   again through Celery's remote control, then exits if that did not help.
 - Beat is stuck when it has sent no maintenance for `stall_s` (at least two of its
@@ -55,7 +55,7 @@ def housekeeper_watch(
         return Progress(taken=counts.started, room=counts.running < threads, waiting=waiting)
 
     return StallWatch(
-        name=f"housekeeping worker {node}",
+        name=f"housekeeper {node}",
         stall_s=stall_s,
         read=read,
         heal=lambda: consume_again(celery, node=node, queues=SERVICE_QUEUES),

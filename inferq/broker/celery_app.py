@@ -159,11 +159,11 @@ class JobPublisher:
                 self._send(list(job_ids[start : start + size]), queue, producer)
 
     def publish_finalize(self, batch_id: str) -> None:
-        """Ask the maintenance worker to make a finished batch's output files."""
+        """Ask the housekeeper to make a finished batch's output files."""
         self._send_task(FINALIZE_BATCH_TASK, [batch_id], MAINTENANCE_QUEUE)
 
     def publish_webhooks(self) -> None:
-        """Wake the delivery worker: deliveries are due (it finds them in Postgres)."""
+        """Wake the housekeeper: webhook deliveries are due (it finds them in Postgres)."""
         self._send_task(DELIVER_WEBHOOKS_TASK, [], WEBHOOKS_QUEUE)
 
     def _send(self, job_ids: list[str], queue: str, producer: Any = None) -> None:

@@ -34,19 +34,19 @@ class OutboxStore(Store):
         keep_connections: bool = False,
     ) -> None:
         """`on_webhooks` is called after a commit that queued webhook deliveries (to wake
-        the delivery worker); if it fails, maintenance finds them anyway."""
+        the housekeeper); if it fails, maintenance finds them anyway."""
         super().__init__(sessions, clock=clock, keep_connections=keep_connections)
         self._on_webhooks = on_webhooks
 
     def _wake_delivery(self, queued: int) -> None:
-        """After a commit that queued `queued` deliveries, wake the delivery worker. If
+        """After a commit that queued `queued` deliveries, wake the housekeeper. If
         that fails, nothing is lost: maintenance finds due deliveries in Postgres."""
         if not queued or self._on_webhooks is None:
             return
         try:
             self._on_webhooks()
         except Exception:
-            log.warning("could not wake the webhook worker", exc_info=True)
+            log.warning("could not wake the housekeeper for webhook deliveries", exc_info=True)
 
 
 ENDPOINT_ID_PREFIX = "whe_"

@@ -3,7 +3,7 @@
 from typing import Final
 
 # Celery queues. Single jobs and batch-file lines travel apart so bulk work never
-# sits in front of an interactive request in Redis; each served model has its own pair
+# sits in front of a single job in Redis; each served model has its own pair
 # (inferq/domain/queue_names.py names them).
 INTERACTIVE_QUEUE: Final = "interactive"
 BULK_QUEUE: Final = "bulk"

@@ -34,22 +34,22 @@ class AdmissionQueue:
         # (batch line?, priority, arrival, request): a heap, single jobs first.
         self._pending: list[tuple[bool, int, int, EngineRequest]] = []
         self._arrivals = itertools.count()
-        self._interactive = 0
+        self._single_jobs = 0
         self._oldest_at: float | None = None
         self._changed = threading.Condition()
 
     def __len__(self) -> int:
         return len(self._pending)
 
-    def put(self, requests: Sequence[EngineRequest], *, interactive: bool) -> None:
+    def put(self, requests: Sequence[EngineRequest], *, single: bool) -> None:
         if not requests:
             return
         with self._changed:
             for request in requests:
-                entry = (not interactive, request.priority, next(self._arrivals), request)
+                entry = (not single, request.priority, next(self._arrivals), request)
                 heapq.heappush(self._pending, entry)
-            if interactive:
-                self._interactive += len(requests)
+            if single:
+                self._single_jobs += len(requests)
             if self._oldest_at is None:
                 self._oldest_at = self._clock()
             self._changed.notify_all()
@@ -61,7 +61,7 @@ class AdmissionQueue:
             if removed:
                 self._pending = [e for e in self._pending if e[3].job_id not in job_ids]
                 heapq.heapify(self._pending)
-                self._interactive -= sum(1 for e in removed if not e[0])
+                self._single_jobs -= sum(1 for e in removed if not e[0])
                 if not self._pending:
                     self._oldest_at = None
             return [e[3] for e in sorted(removed)]
@@ -71,7 +71,7 @@ class AdmissionQueue:
         with self._changed:
             pending = [e[3] for e in sorted(self._pending)]
             self._pending.clear()
-            self._interactive = 0
+            self._single_jobs = 0
             self._oldest_at = None
             return pending
 
@@ -81,18 +81,18 @@ class AdmissionQueue:
             self._changed.notify_all()
 
     def take(
-        self, room: int, *, interactive_room: int | None = None, idle: bool, timeout_s: float
+        self, room: int, *, single_room: int | None = None, idle: bool, timeout_s: float
     ) -> list[EngineRequest]:
         """Batch lines while fewer than `room` are taken, single jobs while fewer than
-        `interactive_room` (default: `room`): what a step computes is the engine's own
+        `single_room` (default: `room`): what a step computes is the engine's own
         scheduler's to bound (its token budget), so nothing ready is held back here.
 
         With `idle` set (the engine has nothing in flight) wait up to `timeout_s` for the
         first request, then, unless a single job is pending, up to `max_batch_delay_ms`
         from its arrival for `max_batch_size` of them. Otherwise return at once.
         """
-        interactive_room = room if interactive_room is None else interactive_room
-        if max(room, interactive_room) <= 0:
+        single_room = room if single_room is None else single_room
+        if max(room, single_room) <= 0:
             return []
         gather = min(room, self._max_batch_size)
         with self._changed:
@@ -100,21 +100,21 @@ class AdmissionQueue:
                 deadline = self._clock() + timeout_s
                 while not self and self._changed.wait(max(0.0, deadline - self._clock())):
                     pass
-                while self and not self._interactive and len(self) < gather:
+                while self and not self._single_jobs and len(self) < gather:
                     assert self._oldest_at is not None
                     left = self._oldest_at + self._max_batch_delay_s - self._clock()
                     if left <= 0 or not self._changed.wait(left):
                         break
-            return self._pop(room, interactive_room)
+            return self._pop(room, single_room)
 
-    def _pop(self, room: int, interactive_room: int) -> list[EngineRequest]:
+    def _pop(self, room: int, single_room: int) -> list[EngineRequest]:
         taken: list[EngineRequest] = []
         while self._pending:
             bulk, _, _, request = self._pending[0]
-            if len(taken) >= (room if bulk else interactive_room):
+            if len(taken) >= (room if bulk else single_room):
                 break
             heapq.heappop(self._pending)
-            self._interactive -= not bulk
+            self._single_jobs -= not bulk
             taken.append(request)
         if not self._pending:
             self._oldest_at = None

@@ -7,7 +7,7 @@ message first, for the feeder. A job is held from its claim until its outcome is
 committed, it is cancelled or it is given back; then its ticket ends, which tells whoever
 asked. Two messages carrying the same job share one ticket. Room: `limit` jobs held,
 claims under way counted in; batch lines get room only while no single job is asked for,
-single jobs `interactive_extra` places more, and a message larger than the whole limit
+single jobs `single_extra` places more, and a message larger than the whole limit
 gets in when nothing is held."""
 
 from __future__ import annotations
@@ -72,9 +72,9 @@ class Asked:
 class Door:
     """Held jobs by id, single jobs asked for, and the room between. Thread-safe."""
 
-    def __init__(self, limit: int, *, interactive_extra: int = 0) -> None:
+    def __init__(self, limit: int, *, single_extra: int = 0) -> None:
         self._limit = limit
-        self._interactive_extra = interactive_extra
+        self._single_extra = single_extra
         self._held: dict[str, Ticket] = {}
         self._asked: deque[Asked] = deque()
         # Room taken by claims under way: counted as held until they return.
@@ -332,4 +332,4 @@ class Door:
     def _fits(self, count: int) -> bool:
         if self._closed:
             return False
-        return self._used + count <= self._limit + self._interactive_extra or self._used == 0
+        return self._used + count <= self._limit + self._single_extra or self._used == 0

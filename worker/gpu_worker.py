@@ -65,7 +65,7 @@ class GpuWorker:
         max_batch_size: int,
         max_batch_delay_ms: int,
         max_held_jobs: int,
-        interactive_held_jobs: int = 0,
+        single_extra_held: int = 0,
         result_flush_ms: int,
         lease_s: int,
         requeue_after_s: int,
@@ -89,7 +89,7 @@ class GpuWorker:
         self._requeue_after_s = requeue_after_s
         self.last_minute = RollingMinute()
         self.speed = Speedometer(max_num_seqs=max_num_seqs, pooling=pooling)
-        self._door = Door(max_held_jobs, interactive_extra=interactive_held_jobs)
+        self._door = Door(max_held_jobs, single_extra=single_extra_held)
         # Workers that share this one's batch lines, itself included (the heartbeat
         # counts them): each claims no more than its share of what is left.
         self.peers = 1
@@ -160,7 +160,7 @@ class GpuWorker:
             max_batch_delay_ms=settings.max_batch_delay_ms,
             # Claim what the engine will soon run: a full engine plus a micro-batch waiting.
             max_held_jobs=settings.max_num_seqs + settings.max_batch_size,
-            interactive_held_jobs=settings.effective_interactive_seqs,
+            single_extra_held=settings.effective_interactive_seqs,
             result_flush_ms=settings.result_flush_ms,
             lease_s=settings.lease_s,
             requeue_after_s=settings.requeue_after_s,
@@ -230,7 +230,7 @@ class GpuWorker:
         """Jobs just claimed and held go into the admission queue, where the engine loop
         takes them as the engine has room."""
         requests = [_engine_request(job, single=single) for job in claimed]
-        self.admission.put(requests, interactive=single)
+        self.admission.put(requests, single=single)
         # One cancelled between its hold and the put was given up, and may have missed
         # the abort that should have taken it out of the admission queue.
         if gone := self._door.not_held([job.id for job in claimed]):
@@ -370,7 +370,7 @@ def _engine_request(job: ClaimedJob, *, single: bool) -> EngineRequest:
     """A claimed job as the engine takes it. A batch line's place was decided by its claim
     (worker/feeder.py): the engine runs every line at one priority, behind single jobs;
     a single job of the flex tier runs as they do."""
-    priority = engine_priority(job.priority if single else 0, interactive=single)
+    priority = engine_priority(job.priority if single else 0, single=single)
     return EngineRequest(
         job_id=job.id,
         model=job.model,

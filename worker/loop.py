@@ -172,7 +172,7 @@ class EngineLoop(supervision.SupervisedThread):
         try:
             batch = self._admission.take(
                 room,
-                interactive_room=room + self._interactive_seqs,
+                single_room=room + self._interactive_seqs,
                 idle=not self._in_flight,
                 timeout_s=IDLE_POLL_S,
             )
@@ -226,7 +226,7 @@ class EngineLoop(supervision.SupervisedThread):
                 prompt_tokens=result.prompt_tokens,
                 completion_tokens=result.completion_tokens,
                 max_tokens=entry.request.sampling.max_tokens * entry.request.sampling.n,
-                interactive=not entry.request.bulk,
+                single=not entry.request.bulk,
             )
             self._writer.put(
                 JobOutcome(

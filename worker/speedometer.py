@@ -20,7 +20,7 @@ from dataclasses import dataclass
 # Long enough to even out waves of lines; short enough to follow a change in load.
 WINDOW_S = 120.0
 BUCKET_S = 10.0
-INTERACTIVE_WINDOW_S = 60.0
+SINGLE_JOB_WINDOW_S = 60.0
 FULL_SHARE = 0.5
 # Steps with at most this share of `max_num_seqs` (at least one sequence) give the step
 # time of a batch's last lines.
@@ -57,7 +57,7 @@ class _Bucket:
     busy_tokens: int = 0
     completion_tokens: int = 0
     max_tokens: int = 0
-    interactive_tokens: int = 0
+    single_job_tokens: int = 0
     low_s: float = 0.0
     low_steps: int = 0
     low_tokens: int = 0
@@ -101,7 +101,7 @@ class Speedometer:
                 bucket.full_tokens += sequences
 
     def finished(
-        self, *, prompt_tokens: int, completion_tokens: int, max_tokens: int, interactive: bool
+        self, *, prompt_tokens: int, completion_tokens: int, max_tokens: int, single: bool
     ) -> None:
         """A request ended, having made `completion_tokens` of `max_tokens`."""
         with self._lock:
@@ -111,8 +111,8 @@ class Speedometer:
                 return
             bucket.completion_tokens += completion_tokens
             bucket.max_tokens += max_tokens
-            if interactive:
-                bucket.interactive_tokens += completion_tokens
+            if single:
+                bucket.single_job_tokens += completion_tokens
 
     def reading(self) -> SpeedReading:
         now = self._clock()
@@ -122,7 +122,7 @@ class Speedometer:
         full_s = sum(b.full_s for b in buckets)
         busy_s = sum(b.busy_s for b in buckets)
         max_tokens = sum(b.max_tokens for b in buckets)
-        recent = [b for b in buckets if b.start >= now - INTERACTIVE_WINDOW_S - BUCKET_S]
+        recent = [b for b in buckets if b.start >= now - SINGLE_JOB_WINDOW_S - BUCKET_S]
         if self._pooling:
             full = sum(b.busy_tokens for b in buckets) / busy_s if busy_s >= MIN_FULL_S else None
         else:
@@ -134,8 +134,7 @@ class Speedometer:
             output_fraction=sum(b.completion_tokens for b in buckets) / max_tokens
             if max_tokens
             else None,
-            interactive_tokens_per_s=sum(b.interactive_tokens for b in recent)
-            / INTERACTIVE_WINDOW_S,
+            interactive_tokens_per_s=sum(b.single_job_tokens for b in recent) / SINGLE_JOB_WINDOW_S,
             tail_step_s=_tail_step(buckets, full or busy),  # pooling steps count no low steps
         )
 

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 # Most single jobs one message carries (they are published together when they are
 # submitted together, see api/grouping.py).
-INTERACTIVE_CHUNK_SIZE = 16
+SINGLE_JOB_CHUNK_SIZE = 16
 
 # Every queue hangs off the default (nameless) exchange with its own name as routing key.
 # kombu's Redis transport looks other exchanges up in binding keys it keeps in Redis;
@@ -143,7 +143,7 @@ class JobPublisher:
     def publish_interactive(self, job_ids: Sequence[str], *, queue: str) -> None:
         """Jobs submitted together, a few to a message: fewer messages for the worker to
         take, while several workers still share a burst."""
-        self._publish(job_ids, queue, INTERACTIVE_CHUNK_SIZE)
+        self._publish(job_ids, queue, SINGLE_JOB_CHUNK_SIZE)
 
     def publish_bulk(self, job_ids: Sequence[str], *, queue: str) -> None:
         """Wake the feeders of `queue`'s workers: batch lines are waiting. One message

@@ -28,8 +28,8 @@ OWN_SHARE = 0.05
 # `max_tokens` (the cost's upper bound, so the estimate errs late, not early).
 UNMEASURED_FRACTION = 1.0
 # Single jobs never take more than this share of the rate from a batch in an estimate:
-# however busy the interactive side, batch lines get the slots the engine keeps for them.
-MAX_INTERACTIVE_SHARE = 0.9
+# however many single jobs run, batch lines get the slots the engine keeps for them.
+MAX_SINGLE_JOB_SHARE = 0.9
 RATE_SHARE = 0.25
 GENERATE = "generate"
 
@@ -167,8 +167,8 @@ class ModelSpeed:
     @property
     def batch_tokens_per_s(self) -> float:
         """What batch lines get: the rate less what single jobs take."""
-        interactive = min(self.interactive_tokens_per_s, MAX_INTERACTIVE_SHARE * self.tokens_per_s)
-        return self.tokens_per_s - interactive
+        single_jobs = min(self.interactive_tokens_per_s, MAX_SINGLE_JOB_SHARE * self.tokens_per_s)
+        return self.tokens_per_s - single_jobs
 
 
 def estimate(

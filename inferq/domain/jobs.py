@@ -132,9 +132,9 @@ MAX_PRIORITY = 9
 _BULK_PRIORITY_OFFSET = MAX_PRIORITY + 1
 
 
-def engine_priority(priority: int, *, interactive: bool) -> int:
+def engine_priority(priority: int, *, single: bool) -> int:
     """The priority the engine schedules by: single jobs first, then the job's own."""
-    return priority if interactive else _BULK_PRIORITY_OFFSET + priority
+    return priority if single else _BULK_PRIORITY_OFFSET + priority
 
 
 class ServiceTier(enum.StrEnum):

@@ -115,7 +115,7 @@ def test_a_message_larger_than_the_door_gets_in_when_nothing_is_held() -> None:
 
 
 def test_single_jobs_have_room_of_their_own_past_a_full_door() -> None:
-    door = Door(2, interactive_extra=1)
+    door = Door(2, single_extra=1)
     _lines(door, 2)
     door.ask(["a"])
     door.ask(["b"])

@@ -106,7 +106,7 @@ def make_runtime() -> Iterator[MakeRuntime]:
         max_num_seqs: int = 8,
         interactive_seqs: int = 0,
         max_held_jobs: int = 16,
-        interactive_held_jobs: int = 0,
+        single_extra_held: int = 0,
         lease_s: int = 3600,
         events: _Announced | None = None,
         batches: Batches | None = None,
@@ -123,7 +123,7 @@ def make_runtime() -> Iterator[MakeRuntime]:
             max_batch_size=8,
             max_batch_delay_ms=0,
             max_held_jobs=max_held_jobs,
-            interactive_held_jobs=interactive_held_jobs,
+            single_extra_held=single_extra_held,
             result_flush_ms=1,
             lease_s=lease_s,
             requeue_after_s=0,
@@ -170,7 +170,7 @@ def test_a_task_returns_once_the_outcomes_of_its_jobs_are_written(
         assert outcome.result is not None
         assert result_announced(events.results[job_id]) == outcome.result.choices
     assert gpu_worker.held == 0
-    assert engine.requests["a"].priority == engine_priority(0, interactive=True)
+    assert engine.requests["a"].priority == engine_priority(0, single=True)
     minute = gpu_worker.last_minute.total()
     assert (minute.jobs, minute.prompt_tokens, minute.generated_tokens) == (3, 9, 6)
 
@@ -480,7 +480,7 @@ def test_the_feeder_brings_batch_lines_in_and_nobody_waits_on_them(
     assert events.results == {}  # nobody waits on a line alone: announced without it
     # In the order they were claimed, and all at one priority: the claim decided.
     assert engine.admitted == lines
-    assert {r.priority for r in engine.requests.values()} == {engine_priority(0, interactive=False)}
+    assert {r.priority for r in engine.requests.values()} == {engine_priority(0, single=False)}
     # Lines that come later are found without a wake-up, and sooner with one.
     store.add("late", batch_id="batch")
     gpu_worker.wake_batches()
@@ -501,7 +501,7 @@ def test_a_single_job_gets_in_while_batch_lines_fill_the_worker(
         max_num_seqs=1,
         interactive_seqs=1,
         max_held_jobs=2,
-        interactive_held_jobs=1,
+        single_extra_held=1,
         batch_queue=QUEUE,
     )
     assert wait_until(lambda: engine.admitted == ["line-1"] and gpu_worker.held == 2)

@@ -82,7 +82,7 @@ def gpu_worker(store: MemoryJobStore, engine: HeldEngine) -> Iterator[GpuWorker]
         max_batch_size=8,
         max_batch_delay_ms=0,
         max_held_jobs=16,
-        interactive_held_jobs=0,
+        single_extra_held=0,
         result_flush_ms=1,
         lease_s=3600,
         requeue_after_s=0,

@@ -80,12 +80,12 @@ class Harness:
                     prompt_token_ids=[1, 2],
                     sampling=SamplingParams(max_tokens=n),
                     stream=stream,
-                    priority=engine_priority(0, interactive=not bulk),
+                    priority=engine_priority(0, single=not bulk),
                     bulk=bulk,
                 )
                 for job_id, n in lengths.items()
             ],
-            interactive=not bulk,
+            single=not bulk,
         )
 
     def wait_for(self, count: int, timeout_s: float = 5) -> None:

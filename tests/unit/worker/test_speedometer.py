@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.speedometer import BUCKET_S, INTERACTIVE_WINDOW_S, WINDOW_S, Speedometer
+from worker.speedometer import BUCKET_S, SINGLE_JOB_WINDOW_S, WINDOW_S, Speedometer
 
 
 class Ticks:
@@ -46,13 +46,13 @@ def test_too_little_time_at_full_load_is_no_measurement() -> None:
 def test_what_ends_gives_the_output_fraction_and_the_interactive_rate() -> None:
     ticks = Ticks()
     meter = Speedometer(max_num_seqs=16, clock=ticks)
-    meter.finished(prompt_tokens=5, completion_tokens=30, max_tokens=100, interactive=False)
-    meter.finished(prompt_tokens=5, completion_tokens=60, max_tokens=100, interactive=True)
+    meter.finished(prompt_tokens=5, completion_tokens=30, max_tokens=100, single=False)
+    meter.finished(prompt_tokens=5, completion_tokens=60, max_tokens=100, single=True)
     reading = meter.reading()
     assert reading.output_fraction == pytest.approx(0.45)
-    assert reading.interactive_tokens_per_s == pytest.approx(60 / INTERACTIVE_WINDOW_S)
+    assert reading.interactive_tokens_per_s == pytest.approx(60 / SINGLE_JOB_WINDOW_S)
     # A minute on, single jobs no longer count; the fraction is kept over the window.
-    ticks.now += INTERACTIVE_WINDOW_S + 2 * BUCKET_S
+    ticks.now += SINGLE_JOB_WINDOW_S + 2 * BUCKET_S
     later = meter.reading()
     assert later.interactive_tokens_per_s == 0
     assert later.output_fraction == pytest.approx(0.45)
@@ -74,7 +74,7 @@ def test_embeddings_count_the_prompt_tokens_they_embed() -> None:
     meter = Speedometer(max_num_seqs=16, pooling=True, clock=ticks)
     run(meter, ticks, steps=60, sequences=4, step_s=0.1)
     for _ in range(60):
-        meter.finished(prompt_tokens=50, completion_tokens=0, max_tokens=1, interactive=False)
+        meter.finished(prompt_tokens=50, completion_tokens=0, max_tokens=1, single=False)
     reading = meter.reading()
     assert reading.full_tokens_per_s == pytest.approx(3000 / 6)
     assert reading.output_fraction is None

@@ -7,7 +7,7 @@ from typing import Final
 # (inferq/domain/queue_names.py names them).
 INTERACTIVE_QUEUE: Final = "interactive"
 BULK_QUEUE: Final = "bulk"
-# Work that needs no GPU, on a worker of its own so it never waits behind generation.
+# Work that needs no GPU, on the housekeeper, so it never waits behind generation.
 MAINTENANCE_QUEUE: Final = "maintenance"
 WEBHOOKS_QUEUE: Final = "webhooks"
 SERVICE_QUEUES: Final = (MAINTENANCE_QUEUE, WEBHOOKS_QUEUE)

@@ -3,7 +3,8 @@
 structured output parsed into a pydantic model; pydantic-ai's agent with its model
 settings (`parallel_tool_calls`, `logit_bias`) and a structured output; the OpenAI Agents
 SDK's agent on its chat-completions model and on its responses model, to a plain, a
-structured and a function tool's final output."""
+structured and a function tool's final output; instructor's structured extraction in its
+tools and JSON-schema modes."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any, Literal
 
 import httpx
+import instructor
 import pytest
 from agents import Agent as AgentsAgent
 from agents import ModelSettings as AgentsSettings
@@ -24,7 +26,7 @@ from agents import (
     function_tool,
 )
 from langchain_openai import ChatOpenAI
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, OpenAI
 from pydantic import BaseModel, Field
 from pydantic_ai import Agent
 from pydantic_ai.models.openai import OpenAIChatModel
@@ -172,3 +174,23 @@ def test_openai_agents_run_to_a_final_output(
     assert isinstance(feeling.final_output, Sentiment)
     assert called.final_output.startswith(("Paris:", "Oslo:", "Lima:"))
     assert "sunny for" in called.final_output
+
+
+@pytest.mark.parametrize("mode", [instructor.Mode.TOOLS, instructor.Mode.JSON_SCHEMA])
+def test_instructor_extracts_a_validated_model(stack: Stack, mode: instructor.Mode) -> None:
+    # Sampled, as the structured-output tests are (see the LangChain test above).
+    with OpenAI(base_url=stack.url + "/v1", api_key=ADMIN_KEY) as openai_client:
+        client = instructor.from_openai(openai_client, mode=mode)
+        weather, completion = client.chat.completions.create_with_completion(
+            model=MODEL_NAME,
+            response_model=Weather,
+            messages=[{"role": "user", "content": "What is the weather in Oslo?"}],
+            max_tokens=400,
+            temperature=1,
+            seed=2,
+            max_retries=0,
+        )
+    assert isinstance(weather, Weather)
+    assert completion.model == MODEL_NAME
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens > 0

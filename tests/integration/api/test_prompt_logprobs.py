@@ -114,6 +114,14 @@ def test_a_stream_that_asks_for_the_prompts_logprobs_is_a_422_naming_the_field(
     assert isinstance(error, dict)
     assert error["param"] == "prompt_logprobs"
     assert "streaming" in error["message"]
+    # 0, which serve takes in a stream, is answered; the job keeps the prompt's own tokens'.
+    chunks = list(
+        client.completions.create(
+            **GREEDY, prompt=TOKEN_IDS, stream=True, extra_body={"prompt_logprobs": 0}
+        )
+    )
+    job = wait_job(stack, job_id_of(chunks[0].id), "succeeded")
+    assert_prompt_logprobs(job["choices"][0]["prompt_logprobs"], TOKEN_IDS, top=0)
 
 
 def test_a_batchs_output_lines_carry_the_prompts_logprobs(stack: Stack) -> None:

@@ -316,13 +316,14 @@ class _Streamed:
         self._prompt_tokens = prompt_tokens
         self._top_k = top_k
         self._choices: dict[int, _ChoiceSoFar] = {}
-        # Asked for (0 is all a stream may ask), they come with the first delta only.
+        # Asked for (0 is all a stream may ask), they come with the first delta; the later
+        # ones bring an empty list.
         self._prompt_logprobs: PromptLogprobs | None = None
 
     def add(self, output: RequestOutput, *, echo: str | None) -> JobDelta:
         """Take one step's outputs; return them as a delta (each choice's first with
         `echo`, the prompt it repeats, before its text)."""
-        if output.prompt_logprobs is not None:
+        if output.prompt_logprobs:
             self._prompt_logprobs = _prompt_logprobs(output.prompt_logprobs)
         deltas = []
         for completion in output.outputs:

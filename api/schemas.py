@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Generic, Literal, Protocol, Self, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from inferq.store.base import Page
@@ -53,6 +53,11 @@ class JobCreate(SamplingFields, Lenient):
     @classmethod
     def _not_null(cls, value: object) -> object:
         return not_null(value)
+
+    @model_validator(mode="after")
+    def _streamable(self) -> Self:
+        self.check_streamable(stream=self.stream)
+        return self
 
 
 def not_null(value: object) -> object:

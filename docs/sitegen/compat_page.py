@@ -57,7 +57,9 @@ DIFFERENCES: dict[type[BaseModel], dict[str, str]] = {
         "chat_template_kwargs": "vLLM's server takes it too; the names inferq sets itself "
         "(`tools`, `add_generation_prompt`, ...) are refused there.",
         "use_beam_search": "vLLM's server runs beam search; inferq refuses it.",
-        "prompt_logprobs": "vLLM's server returns the prompt's logprobs; inferq refuses it.",
+        "prompt_logprobs": "As vLLM's server: on the chat completion (on each choice of a "
+        "text completion); refused above 0 with `stream: true` there too. OpenAI has no such "
+        "field.",
         "top_k": _SERVE_SAMPLING,
         "min_p": _SERVE_SAMPLING,
         "repetition_penalty": _SERVE_SAMPLING,

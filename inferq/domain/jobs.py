@@ -51,6 +51,8 @@ class SamplingParams:
     n: int = 1
     logprobs: int | None = None
     ignore_eos: bool = False
+    # The prompt's logprobs, with this many of the most likely tokens at each position.
+    prompt_logprobs: int | None = None
     # vLLM's further sampling fields, stored only when set (`to_dict`).
     min_tokens: int = 0
     logit_bias: Mapping[int, float] | None = None
@@ -117,6 +119,7 @@ _WHEN_SET = frozenset(
         "skip_special_tokens",
         "spaces_between_special_tokens",
         "echo",
+        "prompt_logprobs",
     }
 )
 _STORED_ALWAYS = tuple(f.name for f in _SAMPLING_FIELDS if f.name not in _WHEN_SET)
@@ -218,6 +221,40 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PromptLogprob:
+    """A token's logprob at one prompt position, with its rank there (1 is the most
+    likely) and its text: the prompt's own token, or one of the most likely."""
+
+    logprob: float
+    rank: int | None
+    decoded_token: str | None
+
+
+# The prompt's logprobs: None at the first position (nothing comes before it), then each
+# position's tokens by id.
+PromptLogprobs = tuple[Mapping[int, PromptLogprob] | None, ...]
+
+
+def prompt_logprobs_to_json(positions: PromptLogprobs) -> list[dict[str, Any] | None]:
+    """As vLLM's server sends them: token ids as text keys."""
+    return [
+        None
+        if tokens is None
+        else {str(token_id): dataclasses.asdict(lp) for token_id, lp in tokens.items()}
+        for tokens in positions
+    ]
+
+
+def prompt_logprobs_from_json(data: Sequence[Mapping[str, Any] | None]) -> PromptLogprobs:
+    return tuple(
+        None
+        if tokens is None
+        else {int(token_id): PromptLogprob(**lp) for token_id, lp in tokens.items()}
+        for tokens in data
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class ToolCall:
     """A function call read out of a chat's output; `arguments` is JSON text."""
 
@@ -236,7 +273,9 @@ class ToolCall:
 @dataclass(frozen=True, kw_only=True)
 class Choice:
     """One generated completion (a job has `n` of them). With `tool_calls`, `text` is
-    what the output said besides the calls (often nothing)."""
+    what the output said besides the calls (often nothing). `prompt_logprobs`, asked for,
+    is the prompt's: every choice of a job carries it, as each choice of vLLM's text
+    completions does, so it is stored and sent wherever the choices go."""
 
     index: int
     text: str
@@ -244,6 +283,7 @@ class Choice:
     completion_tokens: int
     logprobs: tuple[TokenLogprob, ...] | None = None
     tool_calls: tuple[ToolCall, ...] | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = {
@@ -255,12 +295,15 @@ class Choice:
         }
         if self.tool_calls is not None:
             data["tool_calls"] = [call.to_dict() for call in self.tool_calls]
+        if self.prompt_logprobs is not None:
+            data["prompt_logprobs"] = prompt_logprobs_to_json(self.prompt_logprobs)
         return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Choice:
         logprobs = data.get("logprobs")
         calls = data.get("tool_calls")
+        prompt_logprobs = data.get("prompt_logprobs")
         return cls(
             index=data["index"],
             text=data["text"],
@@ -268,6 +311,9 @@ class Choice:
             completion_tokens=data["completion_tokens"],
             logprobs=None if logprobs is None else tuple(map(TokenLogprob.from_dict, logprobs)),
             tool_calls=None if calls is None else tuple(map(ToolCall.from_dict, calls)),
+            prompt_logprobs=(
+                None if prompt_logprobs is None else prompt_logprobs_from_json(prompt_logprobs)
+            ),
         )
 
 

@@ -66,6 +66,11 @@ class _OpenAIBody(SamplingBase, Lenient):
             raise ValueError("stream_options is only allowed when stream is true")
         return self
 
+    @model_validator(mode="after")
+    def _streamable(self) -> Self:
+        self.check_streamable(stream=self.stream)
+        return self
+
 
 class ChatBody(_OpenAIBody):
     """A chat completion request."""

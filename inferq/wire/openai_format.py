@@ -57,6 +57,7 @@ def completion_body(
             "usage": usage(prompt_tokens, completion_tokens),
             "system_fingerprint": None,
             **tier,
+            **_prompt_logprobs(choices[0] if choices else {}),
         }
     return {
         "id": completion_id(job_id, chat=False),
@@ -69,12 +70,20 @@ def completion_body(
                 "text": c["text"],
                 "finish_reason": c["finish_reason"],
                 "logprobs": completion_logprobs(c.get("logprobs")),
+                **_prompt_logprobs(c),
             }
             for c in choices
         ],
         "usage": usage(prompt_tokens, completion_tokens),
         **tier,
     }
+
+
+def _prompt_logprobs(choice: dict[str, Any]) -> dict[str, Any]:
+    """The prompt's logprobs where they were asked for (vLLM's field: on a chat completion,
+    on each choice of a text completion), as vLLM's server sends them; nothing otherwise."""
+    positions = choice.get("prompt_logprobs")
+    return {} if positions is None else {"prompt_logprobs": positions}
 
 
 def chat_message(choice: dict[str, Any]) -> dict[str, Any]:

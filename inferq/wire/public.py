@@ -27,6 +27,12 @@ class TokenLogprobPublic(BaseModel):
     top_logprobs: list[TopLogprob]
 
 
+class PromptLogprobPublic(BaseModel):
+    logprob: float
+    rank: int | None = Field(description="1 is the most likely token at its position.")
+    decoded_token: str | None
+
+
 class FunctionCallPublic(BaseModel):
     name: str
     arguments: str = Field(description="The call's arguments, as JSON text.")
@@ -48,6 +54,13 @@ class ChoicePublic(BaseModel):
     logprobs: list[TokenLogprobPublic] | None = None
     tool_calls: list[ToolCallPublic] | None = Field(
         None, description="The functions the model called (chats with `tools`)."
+    )
+    prompt_logprobs: list[dict[str, PromptLogprobPublic] | None] | None = Field(
+        None,
+        description="The prompt's logprobs (`prompt_logprobs` asked for; absent otherwise), "
+        "as vLLM's server sends them: null for the first token, then each position's "
+        "tokens by id (as text), the prompt's own and the most likely.",
+        exclude_if=lambda value: value is None,
     )
 
     @classmethod

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from inferq.domain.jobs import MAX_PRIORITY
 from inferq.wire.compat import refusing
@@ -134,8 +142,13 @@ class SamplingBase(SamplerFields, OutputFields):
     use_beam_search: bool = refusing(
         "vLLM's: refused when true (beam search is not served).", False
     )
-    prompt_logprobs: int | None = refusing(
-        "vLLM's: refused (the prompt's logprobs are not returned here).", None
+    prompt_logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_LOGPROBS,
+        description="vLLM's: return the prompt's logprobs, with this many of the most likely "
+        "tokens at each prompt position besides the prompt's own; refused above 0 with "
+        "`stream: true`, as vLLM's server refuses it.",
     )
 
     @field_validator("use_beam_search")
@@ -145,12 +158,25 @@ class SamplingBase(SamplerFields, OutputFields):
             raise ValueError("beam search is not supported here: sample instead (n, seed)")
         return value
 
-    @field_validator("prompt_logprobs")
-    @classmethod
-    def _no_prompt_logprobs(cls, value: int | None) -> int | None:
-        if value is not None:
-            raise ValueError("the prompt's logprobs are not returned here: leave it out")
-        return value
+    def check_streamable(self, *, stream: bool) -> None:
+        """Refuse what a streamed request cannot return, naming the field (a
+        `ValidationError`, as a field's own check raises): the prompt's logprobs above 0,
+        which vLLM's server refuses with `stream` too."""
+        if stream and self.prompt_logprobs:
+            raise ValidationError.from_exception_data(
+                type(self).__name__,
+                [
+                    InitErrorDetails(
+                        type=PydanticCustomError(
+                            "value_error",
+                            "the prompt's logprobs are not returned when streaming: leave "
+                            "out stream or prompt_logprobs",
+                        ),
+                        loc=("prompt_logprobs",),
+                        input=self.prompt_logprobs,
+                    )
+                ],
+            )
 
 
 class SamplingFields(SamplingBase):

@@ -223,6 +223,7 @@ class JobValidator:
             repetition_penalty=sampling.repetition_penalty,
             n=sampling.n,
             logprobs=sampling.logprobs,
+            prompt_logprobs=sampling.prompt_logprobs,
             ignore_eos=sampling.ignore_eos,
             min_tokens=sampling.min_tokens,
             logit_bias=_logit_bias(sampling.logit_bias),

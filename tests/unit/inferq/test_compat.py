@@ -267,18 +267,12 @@ def test_a_prompt_is_truncated_to_its_last_tokens_when_asked(validator: JobValid
     assert list(validator.finish(whole, ids).prompt_token_ids) == ids[-3:]
 
 
-@pytest.mark.parametrize(
-    ("field", "value", "message"),
-    [("use_beam_search", True, "beam search"), ("prompt_logprobs", 1, "prompt's logprobs")],
-)
-def test_vllm_fields_that_cannot_be_honoured_are_refused(
-    field: str, value: object, message: str
-) -> None:
+def test_beam_search_is_refused_naming_the_field() -> None:
     with pytest.raises(ValidationError) as caught:
-        ChatBody.model_validate({"model": "tiny", "messages": CHAT, field: value})
+        ChatBody.model_validate({"model": "tiny", "messages": CHAT, "use_beam_search": True})
     [error] = caught.value.errors()
-    assert error["loc"] == (field,)
-    assert message in error["msg"]
+    assert error["loc"] == ("use_beam_search",)
+    assert "beam search" in error["msg"]
 
 
 def test_the_chat_template_takes_vllms_options(validator: JobValidator) -> None:

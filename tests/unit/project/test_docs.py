@@ -132,6 +132,7 @@ def test_the_compatibility_page_has_a_row_for_every_field_each_endpoint_takes() 
         assert {row[0].strip("| `") for row in rows} == fields, endpoint
     chat = dict(row.split(" | ")[:2] for row in tables[0].splitlines() if row.startswith("| `"))
     assert chat["| `logit_bias`"] == "honoured"
+    assert chat["| `prompt_logprobs`"] == "honoured"
     assert chat["| `store`"] == "ignored"
     assert chat["| `modalities`"] == "refused (some values)"
     assert "<!-- compatibility -->" in (ROOT / "docs" / "compatibility.md").read_text()

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from inferq.domain.jobs import SamplingParams
+from inferq.domain.jobs import PromptLogprob, SamplingParams
 from inferq.exceptions import EngineStartFailed, RequestRejected
 from inferq.host.processes import descendants
 from inferq.settings import Settings
@@ -59,6 +59,27 @@ def test_a_request_the_engine_core_cannot_take_is_rejected_and_forgotten() -> No
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_prompt_logprobs_are_asked_of_vllm_only_when_set_and_read_back_finite() -> None:
+    from vllm.logprobs import Logprob
+
+    from worker.engine.vllm.generate import _prompt_logprobs, _sampling_params
+
+    asked = _sampling_params(SamplingParams(max_tokens=2, prompt_logprobs=2), stream=False)
+    assert asked.prompt_logprobs == 2
+    assert _sampling_params(SamplingParams(max_tokens=2), stream=False).prompt_logprobs is None
+    # A token ruled out has a logprob of minus infinity, which JSON cannot hold.
+    read = _prompt_logprobs([None, {5: Logprob(-1.5, 1, " a"), 7: Logprob(float("-inf"), 3, None)}])
+    assert read == (
+        None,
+        {
+            5: PromptLogprob(logprob=-1.5, rank=1, decoded_token=" a"),
+            7: PromptLogprob(logprob=-9999.0, rank=3, decoded_token=None),
+        },
+    )
+    assert _prompt_logprobs(None) is None
+
+
 def test_lora_engine_args_come_only_with_adapters() -> None:
     from worker.engine.vllm.core import engine_args
 

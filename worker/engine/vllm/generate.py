@@ -17,7 +17,14 @@ from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from inferq.broker.token_stream import ChoiceDelta, JobDelta
-from inferq.domain.jobs import Choice, JobResult, SamplingParams, TokenLogprob
+from inferq.domain.jobs import (
+    Choice,
+    JobResult,
+    PromptLogprob,
+    PromptLogprobs,
+    SamplingParams,
+    TokenLogprob,
+)
 from inferq.exceptions import EngineError, EngineStartFailed, RequestRejected
 from inferq.settings import EngineSettings
 from worker.engine.protocol import EngineRequest, Finished
@@ -205,6 +212,7 @@ def _sampling_params(params: SamplingParams, *, stream: bool) -> VllmSamplingPar
         frequency_penalty=params.frequency_penalty,
         repetition_penalty=params.repetition_penalty,
         logprobs=params.logprobs,
+        prompt_logprobs=params.prompt_logprobs,
         ignore_eos=params.ignore_eos,
         min_tokens=params.min_tokens,
         logit_bias=None if params.logit_bias is None else dict(params.logit_bias),
@@ -228,15 +236,40 @@ def _listed(values: Sequence[Any] | None) -> list[Any] | None:
 
 
 def _result(output: RequestOutput, top_k: int, *, echo: str | None) -> JobResult:
+    prompt_logprobs = _prompt_logprobs(output.prompt_logprobs)
     return JobResult(
         choices=tuple(
-            _choice(c, top_k, echo=echo) for c in sorted(output.outputs, key=lambda c: c.index)
+            _choice(c, top_k, echo=echo, prompt_logprobs=prompt_logprobs)
+            for c in sorted(output.outputs, key=lambda c: c.index)
         ),
         prompt_tokens=len(output.prompt_token_ids or ()),
     )
 
 
-def _choice(output: CompletionOutput, top_k: int, *, echo: str | None) -> Choice:
+def _prompt_logprobs(positions: Sequence[Any] | None) -> PromptLogprobs | None:
+    """vLLM's prompt logprobs as the domain keeps them (None where none were asked)."""
+    if positions is None:
+        return None
+    return tuple(
+        None
+        if tokens is None
+        else {
+            token_id: PromptLogprob(
+                logprob=_finite(lp.logprob), rank=lp.rank, decoded_token=lp.decoded_token
+            )
+            for token_id, lp in tokens.items()
+        }
+        for tokens in positions
+    )
+
+
+def _choice(
+    output: CompletionOutput,
+    top_k: int,
+    *,
+    echo: str | None,
+    prompt_logprobs: PromptLogprobs | None = None,
+) -> Choice:
     logprobs = None
     if output.logprobs is not None:
         logprobs = tuple(
@@ -249,6 +282,7 @@ def _choice(output: CompletionOutput, top_k: int, *, echo: str | None) -> Choice
         finish_reason=output.finish_reason,
         completion_tokens=len(output.token_ids),
         logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
     )
 
 
@@ -282,10 +316,15 @@ class _Streamed:
         self._prompt_tokens = prompt_tokens
         self._top_k = top_k
         self._choices: dict[int, _ChoiceSoFar] = {}
+        # Asked for (0 is all a stream may ask), they come with the first delta; the later
+        # ones bring an empty list.
+        self._prompt_logprobs: PromptLogprobs | None = None
 
     def add(self, output: RequestOutput, *, echo: str | None) -> JobDelta:
         """Take one step's outputs; return them as a delta (each choice's first with
         `echo`, the prompt it repeats, before its text)."""
+        if output.prompt_logprobs:
+            self._prompt_logprobs = _prompt_logprobs(output.prompt_logprobs)
         deltas = []
         for completion in output.outputs:
             first = completion.index not in self._choices
@@ -312,7 +351,10 @@ class _Streamed:
 
     def result(self) -> JobResult:
         return JobResult(
-            choices=tuple(self._choices[i].choice(i) for i in sorted(self._choices)),
+            choices=tuple(
+                self._choices[i].choice(i, prompt_logprobs=self._prompt_logprobs)
+                for i in sorted(self._choices)
+            ),
             prompt_tokens=self._prompt_tokens,
         )
 
@@ -333,11 +375,12 @@ class _ChoiceSoFar:
             self.logprobs.extend(delta.logprobs)
         self.finish_reason = delta.finish_reason or self.finish_reason
 
-    def choice(self, index: int) -> Choice:
+    def choice(self, index: int, *, prompt_logprobs: PromptLogprobs | None) -> Choice:
         return Choice(
             index=index,
             text="".join(self.text),
             finish_reason=self.finish_reason,
             completion_tokens=self.tokens,
             logprobs=None if self.logprobs is None else tuple(self.logprobs),
+            prompt_logprobs=prompt_logprobs,
         )

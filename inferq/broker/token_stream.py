@@ -19,7 +19,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from inferq.constants import TOKENS_STREAM
-from inferq.domain.jobs import TokenLogprob
+from inferq.domain.logprobs import TokenLogprob
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,8 @@ import pytest
 from pydantic import ValidationError
 
 from api.schemas import JobCreate
-from inferq.domain.jobs import Choice, PromptLogprob, SamplingParams
+from inferq.domain.jobs import Choice, SamplingParams
+from inferq.domain.logprobs import PromptLogprob
 from inferq.wire.batch_lines import BatchLineReader, LineSpec
 from inferq.wire.model_catalog import FixedModels, ModelCatalog
 from inferq.wire.openai_bodies import ChatBody, CompletionBody, prepare_body, prepare_prompts

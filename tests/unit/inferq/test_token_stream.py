@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from inferq.broker.token_stream import ChoiceDelta, JobDelta, RunStarted, coalesce, decode_entry
-from inferq.domain.jobs import TokenLogprob
+from inferq.domain.logprobs import TokenLogprob
 
 
 def delta(job_id: str, *choices: ChoiceDelta) -> JobDelta:

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from inferq.domain.jobs import PromptLogprob, SamplingParams
+from inferq.domain.jobs import SamplingParams
+from inferq.domain.logprobs import PromptLogprob
 from inferq.exceptions import EngineStartFailed, RequestRejected
 from inferq.host.processes import descendants
 from inferq.settings import Settings

@@ -17,14 +17,8 @@ from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from inferq.broker.token_stream import ChoiceDelta, JobDelta
-from inferq.domain.jobs import (
-    Choice,
-    JobResult,
-    PromptLogprob,
-    PromptLogprobs,
-    SamplingParams,
-    TokenLogprob,
-)
+from inferq.domain.jobs import Choice, JobResult, SamplingParams
+from inferq.domain.logprobs import PromptLogprob, PromptLogprobs, TokenLogprob
 from inferq.exceptions import EngineError, EngineStartFailed, RequestRejected
 from inferq.settings import EngineSettings
 from worker.engine.protocol import EngineRequest, Finished

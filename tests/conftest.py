@@ -32,6 +32,8 @@ from tests.helpers.broker import Broker
 from tests.helpers.databases import cloned_database, migrated_template
 from tests.helpers.deployment import Deployment
 from tests.helpers.processes import (
+    ENGINE_CORE_APART,
+    ENGINE_CORE_HERE,
     INFERQ,
     ServiceProcess,
     free_port,
@@ -152,6 +154,7 @@ def service_env(*, model: Path, database_url: str, key_prefix: str, **extra: str
         "VLLM_LOGGING_LEVEL": "WARNING",
         "TOKENIZERS_PARALLELISM": "false",
         "PYTHONUNBUFFERED": "1",
+        **ENGINE_CORE_HERE,
     }
     env.update(extra)
     return env
@@ -207,8 +210,10 @@ def stack(
             # Small file limits, so the tests can go past them cheaply.
             INFERQ_MAX_BATCH_LINES="5000",
             INFERQ_MAX_FILE_BYTES=str(8 * 1024 * 1024),
-            # The whole engine yields the cores to the pipeline (by default its core alone does).
+            # The whole engine yields the cores to the pipeline (by default its core alone
+            # does): its processes apart, as on a GPU, so that they can.
             INFERQ_ENGINE_NICE="19",
+            **ENGINE_CORE_APART,
             **WEBHOOK_SETTINGS,
         )
         port = free_port()

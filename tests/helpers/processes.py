@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -23,6 +24,23 @@ from tests.helpers.faulty_worker import (
 )
 
 INFERQ = [sys.executable, "-m", "cli.main"]
+
+# vLLM's engine core in the process that drives it (vLLM's multiprocessing off): on a CPU
+# an engine then starts in ~24 s of CPU rather than ~55, as no core and model process are
+# spawned to import torch and vLLM again. The default of the processes tests start; tests
+# whose subject is the engine's own processes (a killed core, their nice) keep them apart.
+ENGINE_CORE_HERE = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+ENGINE_CORE_APART = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+# The core apart, running the model itself (vLLM's one-process executor, named by its class
+# so that vLLM on a CPU does not swap in its multiprocessing one): a core to kill, spawned
+# as one process rather than two.
+ONE_PROCESS_EXECUTOR = {
+    "distributed_executor_backend": "vllm.v1.executor.uniproc_executor.UniProcExecutor"
+}
+ENGINE_CORE_ALONE = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+    "INFERQ_ENGINE_EXTRA_ARGS": json.dumps(ONE_PROCESS_EXECUTOR),
+}
 # The same, with a fault hook in the engine (see there).
 FAULTY_INFERQ = [sys.executable, "-m", "tests.helpers.faulty_worker"]
 
@@ -145,16 +163,16 @@ def start_worker(
     deaf_control: bool = False,
     die_on_sigusr1: bool = False,
 ) -> ServiceProcess:
-    """A GPU worker; with `kill_engine_seed`, one whose engine core a request with that seed
-    kills; with `raise_once`, one whose piece of that name raises once; with
-    `deaf_control`, one that refuses to consume again when told; with `die_on_sigusr1`,
-    one whose result writer's thread dies after each SIGUSR1 (all:
+    """A GPU worker; with `kill_engine_seed`, one whose engine core (a process of its own
+    then) a request with that seed kills; with `raise_once`, one whose piece of that name
+    raises once; with `deaf_control`, one that refuses to consume again when told; with
+    `die_on_sigusr1`, one whose result writer's thread dies after each SIGUSR1 (all:
     tests/helpers/faulty_worker.py)."""
     env = {"INFERQ_WORKER_METRICS_PORT": str(free_port()), **env}
     command = INFERQ
     if kill_engine_seed is not None:
         command = FAULTY_INFERQ
-        env = {**env, SEED_VARIABLE: str(kill_engine_seed)}
+        env = {**env, **ENGINE_CORE_ALONE, SEED_VARIABLE: str(kill_engine_seed)}
     if raise_once is not None:
         command = FAULTY_INFERQ
         env = {**env, RAISE_VARIABLE: raise_once}

@@ -22,7 +22,12 @@ from tests.conftest import (
 from tests.helpers.databases import cloned_database
 from tests.helpers.deployment import Deployment
 from tests.helpers.lora import make_tiny_adapter
-from tests.helpers.processes import ServiceProcess, wait_worker_ready
+from tests.helpers.processes import (
+    ENGINE_CORE_APART,
+    ENGINE_CORE_HERE,
+    ServiceProcess,
+    wait_worker_ready,
+)
 
 CHAT_MODEL = "tiny-a"
 ADAPTER = "tiny-a-lora"
@@ -52,8 +57,14 @@ def models_stack(
     adapter = make_tiny_adapter(tiny_model, tmp_path_factory.mktemp("adapter"))
     prefix = new_key_prefix()
     with cloned_database(pg_template) as database_url:
+        # The engines' processes apart, as on a GPU: test_models checks their nice (not
+        # the other model's, whose engine runs in its worker).
         env = service_env(
-            model=tiny_model, database_url=database_url, key_prefix=prefix, **FAULT_SETTINGS
+            model=tiny_model,
+            database_url=database_url,
+            key_prefix=prefix,
+            **FAULT_SETTINGS,
+            **ENGINE_CORE_APART,
         )
         deployment = Deployment(env=env, log_dir=logs, admin_key=ADMIN_KEY)
         overrides = {
@@ -62,7 +73,7 @@ def models_stack(
                 "INFERQ_LORA_ADAPTERS": f"{ADAPTER}={adapter}",
                 "INFERQ_ENGINE_GROUP_NICE": "5",
             },
-            OTHER_MODEL: {"INFERQ_SERVED_MODEL_NAME": OTHER_MODEL},
+            OTHER_MODEL: {"INFERQ_SERVED_MODEL_NAME": OTHER_MODEL, **ENGINE_CORE_HERE},
             EMBEDDING_MODEL: {
                 "INFERQ_SERVED_MODEL_NAME": EMBEDDING_MODEL,
                 "INFERQ_RUNNER": "pooling",

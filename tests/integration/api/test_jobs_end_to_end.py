@@ -20,6 +20,7 @@ from inferq.store.models import JobRow
 from tests.conftest import ADMIN_KEY, Stack
 from tests.helpers.broker import Broker
 from tests.helpers.metrics import Delta, engine_settled
+from tests.helpers.processes import ENGINE_CORE_HERE
 from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.engine
@@ -80,6 +81,7 @@ def test_a_completion_job_returns_the_models_own_greedy_text(
         text=True,
         timeout=300,
         check=True,
+        env={**os.environ, **ENGINE_CORE_HERE},
     )
     line = next(x for x in reference.stdout.splitlines() if x.startswith("REFERENCE "))
     assert [job["choices"][0]["text"] for job in jobs] == json.loads(

@@ -18,7 +18,13 @@ from cli.demo_model import DEMO
 from cli.local_run import LocalRun, local_settings
 from cli.prompt_files import Defaults, prepare
 from inferq.settings import Settings
-from tests.helpers.processes import INFERQ
+from tests.helpers.processes import (
+    ENGINE_CORE_ALONE,
+    ENGINE_CORE_APART,
+    ENGINE_CORE_HERE,
+    INFERQ,
+    ONE_PROCESS_EXECUTOR,
+)
 
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("local_run")]
 
@@ -28,7 +34,13 @@ ROOT = Path(__file__).resolve().parents[3]
 def _env(cache: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
     # The demo model is built once into the tests' cache, not the user's.
-    return {**env, "XDG_CACHE_HOME": str(cache), "PYTHONUNBUFFERED": "1", **(extra or {})}
+    return {
+        **env,
+        **ENGINE_CORE_HERE,
+        "XDG_CACHE_HOME": str(cache),
+        "PYTHONUNBUFFERED": "1",
+        **(extra or {}),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -93,11 +105,13 @@ def _wait_succeeded(state: Path, count: int, process: subprocess.Popen[bytes], l
 
 def test_the_readme_example_runs_on_the_demo_model(cache: Path, tmp_path: Path) -> None:
     out, log = tmp_path / "out.jsonl", tmp_path / "run.log"
-    # As the front page gives it (with the output put aside): scripts/inferq run ...
+    # As the front page gives it (with the output put aside), vLLM as it runs by default:
+    # scripts/inferq run ...
     run = _start(
         ["examples/prompts.jsonl", "--model", "demo", "-o", str(out)],
         cache=cache,
         log=log,
+        env=ENGINE_CORE_APART,
         program=[str(ROOT / "scripts" / "inferq")],
     )
     assert _finish(run, log) == 0, log.read_text()[-4000:]
@@ -210,9 +224,12 @@ def test_a_kv_cache_this_host_cannot_hold_is_refused_before_the_engine_loads(
 
 def test_an_engine_that_fails_to_start_says_why_in_one_line(cache: Path, tmp_path: Path) -> None:
     # Past every preflight check, vLLM's engine core refuses a cache of one block: its
-    # reason is in the child process's output, which the user never has to read.
+    # reason is in the core process's output, which the user never has to read.
+    extra = {"num_gpu_blocks_override": 1, **ONE_PROCESS_EXECUTOR}
     log = _failed_example(
-        cache, tmp_path, {"INFERQ_ENGINE_EXTRA_ARGS": '{"num_gpu_blocks_override": 1}'}
+        cache,
+        tmp_path,
+        {**ENGINE_CORE_ALONE, "INFERQ_ENGINE_EXTRA_ARGS": json.dumps(extra)},
     )
     line = _said_in_one_line(log, "inferq: vLLM could not start")
     assert "No available memory for the cache blocks" in line

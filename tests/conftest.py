@@ -1,10 +1,10 @@
 """Session fixtures: the tiny model, a migrated database template, key-space isolation,
 and the running stack (API + GPU worker as real processes on real Redis and Postgres).
 
-The suite runs on two pytest-xdist workers (`scripts/test`). Each worker has its own
+The suite runs on three pytest-xdist workers (`scripts/test`). Each worker has its own
 session fixtures (database template, stack); a fixture that starts engines for a module or
 package keeps its tests on one worker with an `xdist_group` mark, so it starts once. The
-heaviest tests go first, so the two workers end together rather than one waiting on the
+heaviest tests go first, so the workers end together rather than one waiting on the
 other's last fault test.
 """
 

@@ -16,12 +16,14 @@ from pathlib import Path
 
 import httpx
 
+from tests.helpers import fork_server
 from tests.helpers.faulty_worker import (
     DEAF_VARIABLE,
     DIE_ON_SIGUSR1_VARIABLE,
     RAISE_VARIABLE,
     SEED_VARIABLE,
 )
+from tests.helpers.fork_server import Forked
 
 INFERQ = [sys.executable, "-m", "cli.main"]
 
@@ -53,7 +55,13 @@ class ServiceProcess:
         self.metrics_url = ""
         self.log_path = log_dir / f"{name}.log"
         self._log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
+        # `python -m ...` is forked from a parent that has its libraries imported.
+        forked = None
+        if argv[:2] == [sys.executable, "-m"]:
+            forked = fork_server.spawn(
+                argv[2], argv[3:], env={**os.environ, **env}, log=self.log_path
+            )
+        self.process: subprocess.Popen[bytes] | Forked = forked or subprocess.Popen(
             argv,
             env={**os.environ, **env},
             stdout=self._log,

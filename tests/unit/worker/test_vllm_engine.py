@@ -60,7 +60,6 @@ def test_a_request_the_engine_core_cannot_take_is_rejected_and_forgotten() -> No
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_prompt_logprobs_are_asked_of_vllm_only_when_set_and_read_back_finite() -> None:
     from vllm.logprobs import Logprob
 
@@ -81,6 +80,7 @@ def test_prompt_logprobs_are_asked_of_vllm_only_when_set_and_read_back_finite() 
     assert _prompt_logprobs(None) is None
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_lora_engine_args_come_only_with_adapters() -> None:
     from worker.engine.vllm.core import engine_args
 

@@ -75,7 +75,7 @@ def test_usage_counts_each_line_once_through_a_killed_worker_and_outlives_retent
 
     first = deployed.start_worker("gpu-a", INFERQ_MAX_NUM_SEQS="8", INFERQ_MAX_BATCH_SIZE="4")
     deployed.wait_done_and_running(everything, 8)
-    first.kill_group()
+    assert deployed.kill_holding_running_jobs(first, everything) > 0
     deployed.start_worker("gpu-b", INFERQ_MAX_NUM_SEQS="8", INFERQ_MAX_BATCH_SIZE="4")
     jobs = deployed.wait_all_ended(everything)
     assert {j.status for j in jobs} == {JobStatus.SUCCEEDED}

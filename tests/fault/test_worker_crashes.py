@@ -17,7 +17,6 @@ from inferq.domain.jobs import JobStatus
 from inferq.store.models import JobRow, WebhookAttemptRow, WebhookDeliveryRow
 from tests.fault.conftest import DeploymentFactory
 from tests.helpers.deployment import Deployment
-from tests.helpers.processes import ServiceProcess
 from tests.helpers.receiver import Received, receiver
 
 pytestmark = pytest.mark.engine
@@ -38,20 +37,6 @@ def _job_id(request: Received) -> str:
 TOKENS = 300
 
 
-def _kill_holding_running_jobs(deployed: Deployment, worker: ServiceProcess, ids: list[str]) -> int:
-    """SIGKILL `worker` at a moment it holds running jobs, and say how many: frozen while
-    it is looked at, so that none ends between the count and the kill; looked at again
-    (thawed between looks) if a wave had just ended."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        with worker.frozen():
-            running = sum(1 for j in deployed.jobs(ids) if j.status is JobStatus.RUNNING)
-            if running:
-                worker.kill_group()
-                return running
-    raise AssertionError(f"{worker.name} held no running job whenever it was looked at")
-
-
 def test_sigkill_with_200_jobs_in_flight_loses_nothing(deployment: DeploymentFactory) -> None:
     with receiver() as hooks:
         deployed = deployment()
@@ -63,7 +48,7 @@ def test_sigkill_with_200_jobs_in_flight_loses_nothing(deployment: DeploymentFac
         # its last wave between the look that saw jobs running and the kill.
         first = deployed.start_worker("gpu-a", INFERQ_MAX_NUM_SEQS="32", INFERQ_MAX_BATCH_SIZE="32")
         deployed.wait_done_and_running(ids, 32)
-        running_at_kill = _kill_holding_running_jobs(deployed, first, ids)
+        running_at_kill = deployed.kill_holding_running_jobs(first, ids)
         deployed.start_worker("gpu-b", INFERQ_MAX_NUM_SEQS="64", INFERQ_MAX_BATCH_SIZE="32")
         jobs = deployed.wait_all_ended(ids)
 

@@ -173,6 +173,20 @@ class Deployment:
             what=f"{count} ended",
         )
 
+    def kill_holding_running_jobs(self, worker: ServiceProcess, ids: Sequence[str]) -> int:
+        """SIGKILL `worker` at a moment it holds running jobs among `ids`, and say how many:
+        frozen while it is looked at, so that none ends between the count and the kill;
+        looked at again (thawed a moment between looks) if a wave had just ended."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with worker.frozen():
+                running = sum(1 for j in self.jobs(ids) if j.status is JobStatus.RUNNING)
+                if running:
+                    worker.kill_group()
+                    return running
+            time.sleep(0.05)
+        raise AssertionError(f"{worker.name} held no running job whenever it was looked at")
+
     def wait_done_and_running(
         self, ids: Sequence[str], count: int, *, timeout_s: float = 120
     ) -> None:

@@ -25,6 +25,7 @@ import json
 import os
 import runpy
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -125,20 +126,26 @@ class _Client:
         self.dir = Path(tempfile.mkdtemp(prefix="inferq-fork-server-"))
         self.socket_path = self.dir / "socket"
         self._lock = threading.Lock()
+        # What the server imported with, which a child's environment is held against.
+        self.env = {**os.environ, **SERVER_ENV}
         with (self.dir / "server.log").open("ab") as log:
             self.server = subprocess.Popen(
                 [sys.executable, "-m", "tests.helpers.fork_server", str(self.dir)],
-                env={**os.environ, **SERVER_ENV},
+                env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self.env = {**os.environ, **SERVER_ENV}
         atexit.register(self.close)
 
     def spawn(self, module: str, args: list[str], env: Mapping[str, str], log: Path) -> Forked:
-        request = {"module": module, "args": args, "env": dict(env), "log": str(log)}
-        request["cwd"] = os.getcwd()
+        request = {
+            "module": module,
+            "args": args,
+            "env": dict(env),
+            "log": str(log),
+            "cwd": os.getcwd(),
+        }
         with self._lock:
             deadline = time.monotonic() + 120
             while not self.socket_path.exists():
@@ -156,6 +163,7 @@ class _Client:
         with contextlib.suppress(ProcessLookupError):
             self.server.kill()
         self.server.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @functools.cache

@@ -55,15 +55,14 @@ class ServiceProcess:
         self.metrics_url = ""
         self.log_path = log_dir / f"{name}.log"
         self._log = self.log_path.open("ab")
+        environment = {**os.environ, **env}
         # `python -m ...` is forked from a parent that has its libraries imported.
         forked = None
         if argv[:2] == [sys.executable, "-m"]:
-            forked = fork_server.spawn(
-                argv[2], argv[3:], env={**os.environ, **env}, log=self.log_path
-            )
+            forked = fork_server.spawn(argv[2], argv[3:], env=environment, log=self.log_path)
         self.process: subprocess.Popen[bytes] | Forked = forked or subprocess.Popen(
             argv,
-            env={**os.environ, **env},
+            env=environment,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -269,19 +269,26 @@ def _child(request: dict[str, Any], sockets: list[socket.socket], fds: list[int]
                 code = 1
         except KeyboardInterrupt:  # as `python -m` ends on one: killed by SIGINT
             traceback.print_exc()
-            atexit._run_exitfuncs()
+            _exit_as_the_interpreter_does()
             sys.stdout.flush()
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
         except Exception:  # noqa: BLE001 - as an uncaught error ends `python -m`: its traceback, status 1
             traceback.print_exc()
             code = 1
-        atexit._run_exitfuncs()
+        _exit_as_the_interpreter_does()
     finally:
         with contextlib.suppress(BaseException):
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _exit_as_the_interpreter_does() -> None:
+    """What Python does as its main module ends: wait for the threads that are not daemons
+    (a worker's drain returns its jobs from one), then run the atexit handlers."""
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
 
 
 if __name__ == "__main__":

@@ -157,6 +157,13 @@ def _ideal_figures(ideal: Ideal, figures: dict[str, Any]) -> dict[str, Any]:
     if "create_s" in figures:
         whole = figures["upload_s"] + figures["create_s"] + figures["seconds"]
         ratios["x_ideal_with_ingest"] = round(ideal.seconds / whole, 4)
+    # The paced engine runs inside the worker's process, where a GPU's engine would not:
+    # its own CPU (the ideal's, on the same requests) is the engine's, not the pipeline's.
+    count = figures.get("lines") or figures["requests"]
+    engine_ms = 1000 * ideal.cpu_s / count
+    spent = figures.get("run_cpu_ms_per_line") or figures["cpu_ms_per_line"]
+    ratios["paced_engine_cpu_ms_per_line"] = round(engine_ms, 3)
+    ratios["cpu_ms_per_line_beside_the_engine"] = round(spent["all"] - engine_ms, 3)
     return ratios
 
 

@@ -5,11 +5,14 @@ call); with several engines, the lines dealt out between them in turn, the slowe
 engine's time. Online work's ideal is the engine kept at `in_flight` requests, a new one
 added the moment one ends. Both run `worker.engine.paced.PacedEngine` on a clock of their
 own, so they cost no waiting and follow the same rules as the engine a benchmark's
-workers run.
+workers run. What the engine itself spent in CPU on the way (`Ideal.cpu_s`) is what the
+paced engine inside a benchmark's worker spends on the same requests: the worker's CPU
+less that is the pipeline's.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +39,8 @@ class Ideal:
     seconds: float
     steps: int
     output_tokens: int
+    # The engine's own CPU (its thread's), its requests' making apart.
+    cpu_s: float = 0.0
 
     @property
     def mean_step_ms(self) -> float:
@@ -71,15 +76,19 @@ def file_ideal(
 ) -> Ideal:
     """Every line queued from the start, dealt out in turn between `engines`."""
     runs = []
+    cpu_s = 0.0
     for first in range(engines):
         engine, clock = _engine(times, max_num_seqs)
-        for i in range(first, len(lines), engines):
-            engine.add(_request(i, lines[i]))
+        requests = [_request(i, lines[i]) for i in range(first, len(lines), engines)]
+        began = time.thread_time()
+        for request in requests:
+            engine.add(request)
         while not engine.idle:
             engine.step()
+        cpu_s += time.thread_time() - began
         runs.append((clock.now, engine.steps))
     seconds, steps = max(runs)
-    return Ideal(seconds, steps, sum(line.max_tokens for line in lines))
+    return Ideal(seconds, steps, sum(line.max_tokens for line in lines), cpu_s)
 
 
 def online_ideal(
@@ -87,14 +96,16 @@ def online_ideal(
 ) -> Ideal:
     """`in_flight` requests at all times, in order, until every line has run."""
     engine, clock = _engine(times, max_num_seqs)
-    queued = iter(enumerate(lines))
-    for i, line in (next(queued) for _ in range(min(in_flight, len(lines)))):
-        engine.add(_request(i, line))
+    queued = iter([_request(i, line) for i, line in enumerate(lines)])
+    began = time.thread_time()
+    for request in (next(queued) for _ in range(min(in_flight, len(lines)))):
+        engine.add(request)
     while not engine.idle:
         for _ in engine.step():
             if (following := next(queued, None)) is not None:
-                engine.add(_request(*following))
-    return Ideal(clock.now, engine.steps, sum(line.max_tokens for line in lines))
+                engine.add(following)
+    cpu_s = time.thread_time() - began
+    return Ideal(clock.now, engine.steps, sum(line.max_tokens for line in lines), cpu_s)
 
 
 def scaled_to(

@@ -34,10 +34,12 @@ class Ticket:
     """A message's handle on one job: set when the job has ended here, one way or
     another; whoever asked for it hears of that through `when_ended`."""
 
-    __slots__ = ("_callbacks", "batch_id", "created_at", "done", "returned")
+    __slots__ = ("_callbacks", "batch_id", "created_at", "ended", "returned")
 
     def __init__(self) -> None:
-        self.done = threading.Event()
+        # Set under `_ENDING`; nobody waits on it (a waiter takes a callback), so a plain
+        # flag: a ticket is made for every job claimed, and an Event costs a lock of its own.
+        self.ended = False
         self.returned = False
         self.created_at: datetime | None = None
         self.batch_id: str | None = None
@@ -47,7 +49,7 @@ class Ticket:
         """Call `callback(self)` once the job has ended: now if it has, else from the
         thread that ends it."""
         with _ENDING:
-            if not self.done.is_set():
+            if not self.ended:
                 self._callbacks.append(callback)
                 return
         callback(self)
@@ -56,7 +58,7 @@ class Ticket:
         """The job has ended here; `returned`: it went back to the queue."""
         self.returned = returned
         with _ENDING:
-            self.done.set()
+            self.ended = True
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback(self)

@@ -2,7 +2,7 @@
 
 Each pass claims, in one transaction: first the single jobs asked for that did not fit
 when asked (oldest message first, once they fit); then, while no single job is asked
-for and there is room for half a micro-batch, batch lines of its queues, no more than
+for and there is room for a micro-batch, batch lines of its queues, no more than
 its share of those left between its peers, in the order work is shared between tenants
 (inferq/store/batch_claims.py). What it claims it hands to the GPU worker
 (`Admits.admit`), for the admission queue. Postgres keeps the lines: an announcement only
@@ -66,15 +66,16 @@ class Feeder(supervision.SupervisedThread):
         """`batch_queue`: whose lines to claim (None: single jobs only). A claim of lines
         takes all the room there is, up to this worker's share of the lines left between
         its `peers` (the workers on the queue, itself included), but waits for room for
-        half a `micro_batch`, so claims stay few while the admission queue still holds
-        lines. `admits` is handed what was claimed."""
+        a `micro_batch`, so claims stay few while the admission queue still holds lines
+        (the door holds two micro-batches beyond a full engine for that). `admits` is
+        handed what was claimed."""
         self._store = store
         self._door = door
         self._batch_queue = batch_queue
         self._worker_name = worker_name
         self._lease_s = lease_s
         self._micro_batch = micro_batch
-        self._least = max(1, micro_batch // 2)
+        self._least = max(1, micro_batch)
         self._admits = admits
         self._peers = peers
         self._poll_s = poll_s

@@ -158,8 +158,10 @@ class GpuWorker:
             interactive_seqs=settings.effective_interactive_seqs,
             max_batch_size=settings.max_batch_size,
             max_batch_delay_ms=settings.max_batch_delay_ms,
-            # Claim what the engine will soon run: a full engine plus a micro-batch waiting.
-            max_held_jobs=settings.max_num_seqs + settings.max_batch_size,
+            # Claim what the engine will soon run: a full engine plus a micro-batch waiting,
+            # and room for the next claim of a micro-batch (worker/feeder.py) while the
+            # writer holds one: claims and flushes of a micro-batch, not of a few lines.
+            max_held_jobs=settings.max_num_seqs + 2 * settings.max_batch_size,
             single_extra_held=settings.effective_interactive_seqs,
             result_flush_ms=settings.result_flush_ms,
             lease_s=settings.lease_s,

@@ -13,8 +13,8 @@ class WorkerSettings(BaseModel):
         64,
         ge=1,
         description="The micro-batch: how many batch lines an idle engine waits "
-        "(max_batch_delay_ms at most) to start together, and how many a worker holds beyond "
-        "a full engine, ready for the room its next step frees.",
+        "(max_batch_delay_ms at most) to start together, and how many a worker claims at "
+        "a time; it holds up to two beyond a full engine, ready for the room its steps free.",
     )
     max_batch_delay_ms: int = Field(
         5, ge=0, description="How long an idle engine waits to fill a micro-batch."

@@ -3,11 +3,12 @@ job read back from its row, and the values that end a job."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import Text, bindparam, cast, select
 
 from inferq.constants import JOB_ID_PREFIX
 from inferq.domain.batches import max_output_tokens
@@ -26,6 +27,7 @@ from inferq.domain.jobs import (
     unpack_token_ids,
 )
 from inferq.ids import new_id
+from inferq.store import text_codec
 from inferq.store.base import as_utc
 from inferq.store.models import JobRow
 
@@ -195,7 +197,9 @@ CLAIMED_COLUMNS = (
     JobRow.id,
     JobRow.model,
     JobRow.prompt_token_ids,
-    JobRow.sampling,
+    # As stored: the lines of a batch mostly share theirs, each text read once
+    # (`_sampling`).
+    cast(JobRow.sampling, Text).label("sampling"),
     JobRow.created_at,
     JobRow.batch_id,
     JobRow.priority,
@@ -209,7 +213,7 @@ def claimed_job(row: Any, now: datetime) -> ClaimedJob:
         id=row.id,
         model=row.model,
         prompt_token_ids=unpack_token_ids(row.prompt_token_ids),
-        sampling=SamplingParams.from_dict(row.sampling),
+        sampling=_sampling(row.sampling),
         created_at=as_utc(row.created_at) or now,
         batch_id=row.batch_id,
         priority=row.priority,
@@ -235,3 +239,10 @@ def outcome_values(outcome: JobOutcome, now: datetime) -> dict[str, Any]:
     if outcome.error is not None:
         values["error"] = outcome.error.to_dict()
     return values
+
+
+@functools.lru_cache(maxsize=256)
+def _sampling(stored: str) -> SamplingParams:
+    """Sampling parameters from their stored JSON, one instance for each text: a claim
+    of a batch's lines reads the same text for all of them (SamplingParams is frozen)."""
+    return SamplingParams.from_dict(text_codec.loads(stored))

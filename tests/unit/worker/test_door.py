@@ -64,9 +64,9 @@ def test_single_jobs_asked_for_come_first_and_hold_batch_lines_back() -> None:
     assert door.wait(0.01)  # the message fits now
     assert _claim_all(door) == ["a", "b"]
     assert sorted(door.held_ids()) == ["a", "b"]
-    assert not any(t.done.is_set() for t in tickets)
+    assert not any(t.ended for t in tickets)
     door.let_go(["a", "b"])
-    assert all(t.done.is_set() and not t.returned for t in tickets)
+    assert all(t.ended and not t.returned for t in tickets)
 
 
 def test_the_feeder_is_woken_by_room_a_message_put_back_or_a_wake_up() -> None:
@@ -165,10 +165,10 @@ def test_jobs_not_claimed_end_their_tickets_and_a_cancelled_one_is_not_held() ->
     assert [job.id for job in to_run] == ["a"]
     assert cancelled == ["c"]
     assert door.held_ids() == ["a"]
-    assert not a.done.is_set()
-    assert b.done.is_set()
+    assert not a.ended
+    assert b.ended
     assert not b.returned
-    assert c.done.is_set()
+    assert c.ended
     assert not c.returned
 
 
@@ -178,10 +178,10 @@ def test_closing_turns_messages_away_and_takes_nothing_more() -> None:
     _claim_all(door)
     (waiting,) = door.ask(["b"])
     assert door.close() == ["b"]
-    assert waiting.done.is_set()
+    assert waiting.ended
     assert waiting.returned
     (late,) = door.ask(["c"])
-    assert late.done.is_set()
+    assert late.ended
     assert late.returned
     door.let_go(["a"])
     assert door.take_asked() == []

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -176,14 +176,15 @@ class EngineLoop(supervision.SupervisedThread):
                 idle=not self._in_flight,
                 timeout_s=IDLE_POLL_S,
             )
+            now = datetime.now(UTC)
             for request in batch:
-                self._admit(request)
+                self._admit(request, now)
         finally:
             self._taking = False
         if batch:
             self._metrics.admission_batch_size.observe(len(batch))
 
-    def _admit(self, request: EngineRequest) -> None:
+    def _admit(self, request: EngineRequest, now: datetime | None = None) -> None:
         try:
             self._engine.add(request)
         except RequestRejected as exc:
@@ -194,7 +195,7 @@ class EngineLoop(supervision.SupervisedThread):
             log.warning("engine died while admitting %s: %s", request.job_id, exc)
         if request.stream and self._tokens is not None:
             self._tokens.put([RunStarted(job_id=request.job_id)])
-        now = datetime.now(UTC)
+        now = now or datetime.now(UTC)
         self._in_flight[request.job_id] = _InFlight(request, now)
         self._sequences += request.sampling.sequences
         self._metrics.jobs_admitted.inc()
@@ -209,6 +210,9 @@ class EngineLoop(supervision.SupervisedThread):
             return
         if self._tokens is not None and (deltas := self._engine.deltas()):
             self._tokens.put(deltas)
+        # Counted once a step, not once a job: a step ends dozens of short lines.
+        reasons: Counter[str] = Counter()
+        prompt_tokens = completion_tokens = 0
         for item in finished:
             entry = self._drop(item.job_id)
             if entry is None:  # aborted while it ran
@@ -219,9 +223,9 @@ class EngineLoop(supervision.SupervisedThread):
                 reason = "embedded"
             else:
                 reason = (result.choices[0].finish_reason if result.choices else None) or "unknown"
-            self._metrics.jobs_finished.labels("succeeded", reason).inc()
-            self._metrics.prompt_tokens.inc(result.prompt_tokens)
-            self._metrics.generation_tokens.inc(result.completion_tokens)
+            reasons[reason] += 1
+            prompt_tokens += result.prompt_tokens
+            completion_tokens += result.completion_tokens
             self._speed.finished(
                 prompt_tokens=result.prompt_tokens,
                 completion_tokens=result.completion_tokens,
@@ -236,6 +240,11 @@ class EngineLoop(supervision.SupervisedThread):
                     bulk=entry.request.bulk,
                 )
             )
+        for reason, count in reasons.items():
+            self._metrics.jobs_finished.labels("succeeded", reason).inc(count)
+        if reasons:
+            self._metrics.prompt_tokens.inc(prompt_tokens)
+            self._metrics.generation_tokens.inc(completion_tokens)
 
     def _apply_aborts(self) -> None:
         with self._aborts_lock:

@@ -25,6 +25,7 @@ README_CPU = (
     "jobs-x-serve",
     "chats-x-serve",
     "ttft-1",
+    "ttft-64",
     "cpu-x-serve",
     "estimate-error",
     "fairness",

@@ -159,8 +159,8 @@ class GpuWorker:
             max_batch_size=settings.max_batch_size,
             max_batch_delay_ms=settings.max_batch_delay_ms,
             # Claim what the engine will soon run: a full engine plus a micro-batch waiting,
-            # and room for the next claim of a micro-batch (worker/feeder.py) while the
-            # writer holds one: claims and flushes of a micro-batch, not of a few lines.
+            # and room for the next claim, of a micro-batch (worker/feeder.py), while the
+            # engine stays full: fewer, larger claims.
             max_held_jobs=settings.max_num_seqs + 2 * settings.max_batch_size,
             single_extra_held=settings.effective_interactive_seqs,
             result_flush_ms=settings.result_flush_ms,

@@ -27,9 +27,8 @@ log = logging.getLogger(__name__)
 MAX_FLUSH = 512
 MAX_BACKOFF_S = 5.0
 BULK_WAIT_S = 1.0
-# A micro-batch at the default `max_batch_size`: the door keeps room for what the writer
-# holds (worker/gpu_worker.py), and a flush's own cost is shared by this many lines.
-BULK_GATHER = 64
+# Few enough that the jobs they hold back from the door are not missed.
+BULK_GATHER = 32
 
 
 class Ends(Protocol):

@@ -151,6 +151,24 @@ def test_an_idle_engine_gets_a_micro_batch_first_then_the_rest_of_the_room(
     assert [(f.workers, f.held) for f in store.fleets[:2]] == [(3, {}), (3, {"batch": 4})]
 
 
+def test_a_claim_of_lines_waits_for_room_for_a_whole_micro_batch(
+    store: MemoryJobStore, running: list[Feeder]
+) -> None:
+    # Fewer, larger claims: room freed a few lines at a time is claimed a micro-batch at a
+    # time, not as it comes.
+    lines = _lines(store, 20)
+    door, claims = Door(10), Claims()
+    feeder = _feeder(store, door, claims, micro_batch=4)
+    running.append(feeder)
+    feeder.start()
+    claims.wait_for_ids(10)
+    door.let_go(lines[:3])
+    door.wake()  # it looks now, with room for three lines: not a claim yet
+    door.let_go(lines[3:4])
+    assert claims.wait_for_ids(14)[10:] == lines[10:14]
+    assert claims.calls[2] == (lines[10:14], False)
+
+
 def test_single_jobs_asked_for_are_claimed_before_batch_lines(
     store: MemoryJobStore, running: list[Feeder]
 ) -> None:

@@ -164,7 +164,7 @@ class EngineLoop(supervision.SupervisedThread):
             if not self._in_flight:
                 request = self._probation.popleft()
                 self._solo = request.job_id
-                self._admit(request)
+                self._admit(request, datetime.now(UTC))
             return
         room = self._max_num_seqs - len(self._in_flight)
         # Set before the take: a drain must never see a request that is in neither place.
@@ -184,7 +184,7 @@ class EngineLoop(supervision.SupervisedThread):
         if batch:
             self._metrics.admission_batch_size.observe(len(batch))
 
-    def _admit(self, request: EngineRequest, now: datetime | None = None) -> None:
+    def _admit(self, request: EngineRequest, now: datetime) -> None:
         try:
             self._engine.add(request)
         except RequestRejected as exc:
@@ -195,7 +195,6 @@ class EngineLoop(supervision.SupervisedThread):
             log.warning("engine died while admitting %s: %s", request.job_id, exc)
         if request.stream and self._tokens is not None:
             self._tokens.put([RunStarted(job_id=request.job_id)])
-        now = now or datetime.now(UTC)
         self._in_flight[request.job_id] = _InFlight(request, now)
         self._sequences += request.sampling.sequences
         self._metrics.jobs_admitted.inc()
@@ -321,8 +320,9 @@ class EngineLoop(supervision.SupervisedThread):
         except Exception:  # a dead engine may fail to close; it is replaced either way
             log.debug("closing the dead engine failed", exc_info=True)
         self._engine = self._engine_factory()
+        now = datetime.now(UTC)
         for request in survivors:
-            self._admit(request)
+            self._admit(request, now)
 
     def _sample_stats(self) -> None:
         now = time.monotonic()

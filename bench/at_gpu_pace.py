@@ -32,7 +32,9 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import httpx
 import psycopg
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench import paced, stack, workload
 from bench.pace import H100, Ideal, Line, file_ideal, online_ideal, scaled_to
@@ -148,7 +150,19 @@ def _warm_up(deployment: stack.Deployment, tokenizer: Any, workdir: Path) -> Non
     run_online(deployment, "chats", [workload.body(r, stack.MODEL_NAME) for r in requests])
 
 
-def _ideal_figures(ideal: Ideal, figures: dict[str, Any]) -> dict[str, Any]:
+def engine_cpu_s(deployment: stack.Deployment) -> float:
+    """The CPU the workers' engines have spent so far (each worker's metric of it)."""
+    total = 0.0
+    for worker in deployment.workers:
+        port = worker.env["INFERQ_WORKER_METRICS_PORT"]
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        for family in text_string_to_metric_families(text):
+            if family.name == "inferq_engine_cpu_seconds":
+                total += sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return total
+
+
+def _ideal_figures(ideal: Ideal, figures: dict[str, Any], engine_s: float) -> dict[str, Any]:
     ratios = {
         "ideal_seconds": round(ideal.seconds, 3),
         "ideal_steps": ideal.steps,
@@ -157,12 +171,15 @@ def _ideal_figures(ideal: Ideal, figures: dict[str, Any]) -> dict[str, Any]:
     if "create_s" in figures:
         whole = figures["upload_s"] + figures["create_s"] + figures["seconds"]
         ratios["x_ideal_with_ingest"] = round(ideal.seconds / whole, 4)
-    # The paced engine runs inside the worker's process, where a GPU's engine would not:
-    # its own CPU (the ideal's, on the same requests) is the engine's, not the pipeline's.
+    # The paced engine runs inside the worker's process, where a GPU's engine core would
+    # not: the CPU its calls took there (`engine_s`, the workers' metric of it) is the
+    # engine's, not the pipeline's. Its ideal's CPU on the same requests is what the same
+    # code costs run back to back, with no wait between steps.
     count = figures.get("lines") or figures["requests"]
-    engine_ms = 1000 * ideal.cpu_s / count
+    engine_ms = 1000 * engine_s / count
     spent = figures.get("run_cpu_ms_per_line") or figures["cpu_ms_per_line"]
     ratios["paced_engine_cpu_ms_per_line"] = round(engine_ms, 3)
+    ratios["ideal_engine_cpu_ms_per_line"] = round(1000 * ideal.cpu_s / count, 3)
     ratios["cpu_ms_per_line_beside_the_engine"] = round(spent["all"] - engine_ms, 3)
     return ratios
 
@@ -243,10 +260,12 @@ def run_setting(
                 else:
                     bodies = [workload.body(r, stack.MODEL_NAME) for r in requests]
                     go = functools.partial(run_online, running, name, bodies)
+                engine_before = engine_cpu_s(running)
                 with profiled(spied, args.profile, f"{setting.label}-{name}"):
                     figures, lines = measure(
                         meter, go, threads=ThreadMeter(spied), statements=statements
                     )
+                engine_s = engine_cpu_s(running) - engine_before
                 if name in FILES:
                     ideal = file_ideal(
                         times, lines, max_num_seqs=MAX_NUM_SEQS, engines=setting.workers
@@ -255,7 +274,7 @@ def run_setting(
                     ideal = online_ideal(
                         times, lines, max_num_seqs=MAX_NUM_SEQS, in_flight=IN_FLIGHT
                     )
-                figures.update(_ideal_figures(ideal, figures))
+                figures.update(_ideal_figures(ideal, figures, engine_s))
                 results["workloads"][name] = figures
                 print(setting.label, name, json.dumps(figures), flush=True)
     return results

@@ -94,6 +94,7 @@ class Process:
 
     def __init__(self, argv: list[str], *, env: Mapping[str, str], log: Path) -> None:
         self.log = log
+        self.env = dict(env)
         self._out = log.open("wb")
         self.popen = subprocess.Popen(
             [sys.executable, "-m", "cli.main", *argv],

@@ -101,6 +101,8 @@ class EngineLoop(supervision.SupervisedThread):
         self._admitting = threading.Event()
         self._admitting.set()
         self._taking = False  # requests are between the admission queue and `_in_flight`
+        # CPU inside the engine's calls since the last step counted it (the metric's).
+        self._engine_cpu_s = 0.0
         self.engine_restarts = 0
         super().__init__()
 
@@ -185,14 +187,17 @@ class EngineLoop(supervision.SupervisedThread):
             self._metrics.admission_batch_size.observe(len(batch))
 
     def _admit(self, request: EngineRequest, now: datetime) -> None:
+        began = time.thread_time()
         try:
             self._engine.add(request)
         except RequestRejected as exc:
+            self._engine_cpu_s += time.thread_time() - began
             self._fail(request.job_id, JobError(code="engine_rejected", message=exc.message))
             return
         except EngineError as exc:
             # Dead before the request went in: keep it, and recover on the next step.
             log.warning("engine died while admitting %s: %s", request.job_id, exc)
+        self._engine_cpu_s += time.thread_time() - began
         if request.stream and self._tokens is not None:
             self._tokens.put([RunStarted(job_id=request.job_id)])
         self._in_flight[request.job_id] = _InFlight(request, now)
@@ -202,12 +207,17 @@ class EngineLoop(supervision.SupervisedThread):
             self._metrics.queue_wait.observe((now - request.created_at).total_seconds())
 
     def _step(self) -> None:
+        began = time.thread_time()
         try:
             finished = self._engine.step()
+            deltas = self._engine.deltas() if self._tokens is not None else []
         except EngineError as exc:
+            self._count_engine_cpu(began)
             self._recover(exc)
             return
-        if self._tokens is not None and (deltas := self._engine.deltas()):
+        self._count_engine_cpu(began)
+        if deltas:
+            assert self._tokens is not None
             self._tokens.put(deltas)
         # Counted once a step, not once a job: a step ends dozens of short lines.
         reasons: Counter[str] = Counter()
@@ -244,6 +254,12 @@ class EngineLoop(supervision.SupervisedThread):
         if reasons:
             self._metrics.prompt_tokens.inc(prompt_tokens)
             self._metrics.generation_tokens.inc(completion_tokens)
+
+    def _count_engine_cpu(self, began: float) -> None:
+        """Count the engine's CPU since `began` (this thread's clock), and its admissions'
+        since the last step: once a step, not once a request."""
+        self._metrics.engine_cpu.inc(self._engine_cpu_s + time.thread_time() - began)
+        self._engine_cpu_s = 0.0
 
     def _apply_aborts(self) -> None:
         with self._aborts_lock:

@@ -67,6 +67,12 @@ class WorkerMetrics:
             "Tokens generated for finished jobs.",
             registry=registry,
         )
+        self.engine_cpu = Counter(
+            "inferq_engine_cpu_seconds_total",
+            "CPU the engine's calls took on the engine loop's thread (vLLM's front end; its "
+            "engine core runs in a process of its own).",
+            registry=registry,
+        )
         self.engine_restarts = Counter(
             "inferq_engine_restarts_total",
             "Times the engine died and was rebuilt.",

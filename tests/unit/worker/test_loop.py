@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 import pytest
@@ -13,7 +14,7 @@ from inferq.domain.jobs import JobOutcome, SamplingParams, engine_priority
 from tests.helpers.fakes import StepEngine
 from tests.helpers.waiting import wait_until
 from worker.admission import AdmissionQueue
-from worker.engine.protocol import EngineRequest
+from worker.engine.protocol import EngineRequest, Finished
 from worker.loop import EngineLoop
 from worker.metrics import WorkerMetrics
 from worker.speedometer import Speedometer
@@ -262,3 +263,38 @@ def test_a_streamed_request_readmitted_after_an_engine_death_starts_again(make_h
     # time alone, on probation).
     assert len(starts) >= 2
     assert harness.outcomes["loud"].result is not None
+
+
+class _BusyEngine(StepEngine):
+    """Spends `cpu_s` of its thread's CPU in each call."""
+
+    def __init__(self, cpu_s: float) -> None:
+        super().__init__()
+        self.cpu_s = cpu_s
+        self.spent_s = 0.0
+
+    def _spend(self) -> None:
+        began = time.thread_time()
+        while time.thread_time() - began < self.cpu_s:
+            pass
+        self.spent_s += time.thread_time() - began
+
+    def add(self, request: EngineRequest) -> None:
+        self._spend()
+        super().add(request)
+
+    def step(self) -> list[Finished]:
+        self._spend()
+        return super().step()
+
+
+def test_the_engines_cpu_is_counted_apart_from_the_loops(make_harness) -> None:
+    engine = _BusyEngine(cpu_s=0.002)
+    harness = make_harness(engine=engine, max_num_seqs=4)
+    harness.submit({"a": 5, "b": 8})
+    harness.wait_for(2)
+    counted = harness.metric("inferq_engine_cpu_seconds_total")
+    # Two admissions and eight steps, each 2 ms of the engine's: all of it counted, and
+    # little of the loop's own beside it.
+    assert engine.spent_s >= 0.02
+    assert engine.spent_s <= counted <= engine.spent_s + 0.01

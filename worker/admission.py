@@ -36,6 +36,7 @@ class AdmissionQueue:
         self._arrivals = itertools.count()
         self._single_jobs = 0
         self._oldest_at: float | None = None
+        self._woken = False  # since the last `take`: the next one returns at once
         self._changed = threading.Condition()
 
     def __len__(self) -> int:
@@ -76,8 +77,9 @@ class AdmissionQueue:
             return pending
 
     def wake(self) -> None:
-        """Wake a waiting `take` (to stop, or to see an abort)."""
+        """Make a waiting `take`, or the next one, return (to stop, or to see an abort)."""
         with self._changed:
+            self._woken = True
             self._changed.notify_all()
 
     def take(
@@ -87,9 +89,10 @@ class AdmissionQueue:
         `single_room` (default: `room`): what a step computes is the engine's own
         scheduler's to bound (its token budget), so nothing ready is held back here.
 
-        With `idle` set (the engine has nothing in flight) wait up to `timeout_s` for the
-        first request, then, unless a single job is pending, up to `max_batch_delay_ms`
-        from its arrival for `max_batch_size` of them. Otherwise return at once.
+        With `idle` set (the engine has nothing in flight) wait up to `timeout_s`, or until
+        `wake`, for the first request, then, unless a single job is pending, up to
+        `max_batch_delay_ms` from its arrival for `max_batch_size` of them. Otherwise
+        return at once.
         """
         single_room = room if single_room is None else single_room
         if max(room, single_room) <= 0:
@@ -98,13 +101,15 @@ class AdmissionQueue:
         with self._changed:
             if idle:
                 deadline = self._clock() + timeout_s
-                while not self and self._changed.wait(max(0.0, deadline - self._clock())):
-                    pass
+                while not self and not self._woken:
+                    if not self._changed.wait(max(0.0, deadline - self._clock())):
+                        break
                 while self and not self._single_jobs and len(self) < gather:
                     assert self._oldest_at is not None
                     left = self._oldest_at + self._max_batch_delay_s - self._clock()
                     if left <= 0 or not self._changed.wait(left):
                         break
+            self._woken = False
             return self._pop(room, single_room)
 
     def _pop(self, room: int, single_room: int) -> list[EngineRequest]:

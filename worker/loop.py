@@ -29,7 +29,8 @@ from worker.speedometer import Speedometer
 
 log = logging.getLogger(__name__)
 
-IDLE_POLL_S = 0.05
+# An idle loop waits this long for work; `AdmissionQueue.wake` (a stop, an abort) ends it.
+IDLE_WAIT_S = 1.0
 STATS_EVERY_S = 2.0
 
 
@@ -150,7 +151,7 @@ class EngineLoop(supervision.SupervisedThread):
                         duration_s=time.monotonic() - began, sequences=sequences, admitted=admitted
                     )
                 elif not self._admitting.is_set():
-                    self._stopping.wait(IDLE_POLL_S)
+                    self._stopping.wait(IDLE_WAIT_S)
                 self._sample_stats()
         except BaseException as exc:  # the loop must never die silently
             log.exception("the engine loop failed")
@@ -176,7 +177,7 @@ class EngineLoop(supervision.SupervisedThread):
                 room,
                 single_room=room + self._interactive_seqs,
                 idle=not self._in_flight,
-                timeout_s=IDLE_POLL_S,
+                timeout_s=IDLE_WAIT_S,
             )
             now = datetime.now(UTC)
             for request in batch:

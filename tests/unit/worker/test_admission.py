@@ -61,6 +61,24 @@ def test_an_idle_engine_takes_a_partial_batch_when_the_delay_runs_out() -> None:
     assert 0.04 <= time.monotonic() - started < 0.5
 
 
+def test_a_wake_ends_an_idle_wait_whether_it_comes_during_or_before_it() -> None:
+    # The engine loop waits long when idle: an abort or a stop must not wait that out.
+    queue = AdmissionQueue(max_batch_size=4, max_batch_delay_ms=0)
+    waker = threading.Timer(0.05, queue.wake)
+    waker.start()
+    started = time.monotonic()
+    assert queue.take(10, idle=True, timeout_s=30) == []
+    assert time.monotonic() - started < 10
+    queue.wake()
+    started = time.monotonic()
+    assert queue.take(10, idle=True, timeout_s=30) == []
+    assert time.monotonic() - started < 10
+    # Once taken, a wake is spent: the next take waits out its timeout.
+    started = time.monotonic()
+    assert queue.take(10, idle=True, timeout_s=0.2) == []
+    assert time.monotonic() - started >= 0.2
+
+
 def test_a_busy_engine_never_waits() -> None:
     queue = AdmissionQueue(max_batch_size=4, max_batch_delay_ms=10_000)
     queue.put(_requests("a"), single=True)

@@ -25,7 +25,8 @@ from bench.pace import Line
 from bench.pipeline import CpuMeter, ThreadMeter, cpu_s
 
 IN_FLIGHT = 256
-POLL_S = 0.05
+# The batch's end is timed by its own clock; each look costs Postgres, and counts in its CPU.
+POLL_S = 0.25
 
 
 def run_file(
@@ -46,6 +47,7 @@ def run_file(
         input_file_id=uploaded.id, endpoint=workload.CHAT_URL, completion_window="24h"
     )
     queued_at = time.perf_counter()
+    queued_epoch = time.time()
     running = _Split(meter, after=ingest)
     database = deployment.env["INFERQ_DATABASE_URL"].replace("postgresql+psycopg", "postgresql")
     with psycopg.connect(database, autocommit=True) as connection:
@@ -54,7 +56,6 @@ def run_file(
             if row.fetchone() in (("completed",), ("failed",), ("expired",), ("cancelled",)):
                 break
             time.sleep(POLL_S)
-    ended_at = time.perf_counter()
     running.stop()
     with psycopg.connect(database, autocommit=True) as connection:
         first, last, finalizing, completed = connection.execute(
@@ -76,10 +77,11 @@ def run_file(
     figures: dict[str, Any] = {
         "upload_s": created_at - started,
         "create_s": queued_at - created_at,
-        "seconds": ended_at - queued_at,
+        # To the batch completed, by its own clock: not when a poll saw it.
+        "seconds": float(completed) - queued_epoch,
         # From the lines queued to the first claimed; from the last line written to the
         # batch finalizing, and to its output made.
-        "first_claim_s": round(float(first) - (time.time() - (time.perf_counter() - queued_at)), 3),
+        "first_claim_s": round(float(first) - queued_epoch, 3),
         "finalize_wait_s": round(float(finalizing) - float(last), 3),
         "finalize_s": round(float(completed) - float(finalizing), 3),
         "lines": len(lines),

@@ -63,6 +63,8 @@ class ResultWriter(supervision.SupervisedThread):
         self._flush_s = flush_ms / 1000
         self._bulk_wait_s = bulk_wait_s
         self._queue: queue.SimpleQueue[JobOutcome | None] = queue.SimpleQueue()
+        self._nudge = threading.Event()  # set by a put that gives a reason to write now
+        self._gathered = 0  # taken for the next write (the writer's; others only read it)
         self._pending = 0  # put and not yet committed
         self._pending_lock = threading.Lock()
         super().__init__()
@@ -76,9 +78,15 @@ class ResultWriter(supervision.SupervisedThread):
         with self._pending_lock:
             self._pending += 1
         self._queue.put(outcome)
+        # Batch lines wait for company without the writer waking at each step's few: only
+        # a reason to write sooner wakes it.
+        gathered = self._gathered + self._queue.qsize()
+        if not outcome.bulk or gathered >= BULK_GATHER or not self._ends.more_coming():
+            self._nudge.set()
 
     def _wake(self) -> None:
         self._queue.put(None)  # after everything put before it
+        self._nudge.set()
 
     def _run(self) -> None:
         stopping = False
@@ -93,25 +101,39 @@ class ResultWriter(supervision.SupervisedThread):
         """The next results to write. Under load writes are `flush_ms` apart, each carrying
         what finished meanwhile; a single job's result that ends a quiet spell goes at once,
         batch lines wait for company (see the module's doc)."""
+        try:
+            return self._gather_from(not_before=not_before)
+        finally:
+            self._gathered = 0
+
+    def _gather_from(self, *, not_before: float) -> tuple[list[JobOutcome], bool]:
         first = self._queue.get()
         if first is None:
             return [], True
         batch = [first]
         urgent = max(time.monotonic(), not_before)
         deadline = urgent if not first.bulk else max(urgent, time.monotonic() + self._bulk_wait_s)
-        while len(batch) < (MAX_FLUSH if deadline <= urgent else BULK_GATHER):
-            if deadline > urgent and self._queue.empty() and not self._ends.more_coming():
-                break
-            try:
-                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if item is None:
-                return batch, True
-            batch.append(item)
-            if not item.bulk:
-                deadline = min(deadline, urgent)
-        return batch, False
+        while True:
+            self._nudge.clear()  # before looking: a put after the look wakes the wait
+            while len(batch) < (MAX_FLUSH if deadline <= urgent else BULK_GATHER):
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    return batch, True
+                batch.append(item)
+                if not item.bulk:
+                    deadline = min(deadline, urgent)
+            self._gathered = len(batch)
+            if len(batch) >= (MAX_FLUSH if deadline <= urgent else BULK_GATHER):
+                return batch, False
+            if deadline > urgent and not self._ends.more_coming():
+                return batch, False
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return batch, False
+            self._nudge.wait(left)
 
     def _write(self, batch: list[JobOutcome]) -> None:
         backoff = 0.1

@@ -13,8 +13,9 @@ chats (the bench workload's requests as single jobs and chat completions, 256 in
 A file is timed from its lines queued (`POST /v1/batches` has answered) to the batch
 completed, its ingest apart (the ideal leaves tokenizing out); online work from the first
 request to the last answer (bench/pace_runs.py). `--mean-step-ms` scales the table so that
-the bench workload's ideal steps average that long. The paced engine spends no GPU and
-almost no CPU: the figures are the pipeline's.
+the bench workload's ideal steps average that long. The paced engine spends no GPU; the
+CPU its calls take in the worker (the worker's `inferq_engine_cpu_seconds_total`) is the
+engine's, and the figures beside the engine leave it out.
 """
 
 from __future__ import annotations

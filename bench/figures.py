@@ -202,6 +202,17 @@ def _paced_cpu(data: dict[str, Any]) -> Values | None:
     return (ran["bench"]["run_cpu_ms_per_line"]["all"], ran["jobs"]["cpu_ms_per_line"]["all"])
 
 
+def _paced_cpu_beside(data: dict[str, Any]) -> Values | None:
+    """The same, less the paced engine's own CPU as the workers counted it where it ran;
+    None for runs made before they counted it."""
+    ran = _paced_workloads(data, "1w@table")
+    if "bench" not in ran or "jobs" not in ran:
+        return None
+    if any("ideal_engine_cpu_ms_per_line" not in ran[w] for w in ("bench", "jobs")):
+        return None
+    return tuple(ran[w]["cpu_ms_per_line_beside_the_engine"] for w in ("bench", "jobs"))
+
+
 def _given_only(data: dict[str, Any]) -> Values | None:
     """A figure no results file has: only runs.toml gives it."""
     del data
@@ -495,5 +506,15 @@ FIGURES: Sequence[Figure] = (
         _paced_cpu,
         lambda v: f"{v[0]:.2f} ms / {v[1]:.2f} ms",
         column="CPU a line / a job",
+    ),
+    Figure(
+        "pace-cpu-beside",
+        "at_gpu_pace",
+        f"CPU a batch line while it runs / a single job costs every process but the engine's, "
+        f"{AT_PACE}",
+        "",
+        _paced_cpu_beside,
+        lambda v: f"{v[0]:.2f} ms / {v[1]:.2f} ms",
+        column="beside the engine",
     ),
 )

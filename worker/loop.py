@@ -217,8 +217,7 @@ class EngineLoop(supervision.SupervisedThread):
             self._recover(exc)
             return
         self._count_engine_cpu(began)
-        if deltas:
-            assert self._tokens is not None
+        if deltas and self._tokens is not None:
             self._tokens.put(deltas)
         # Counted once a step, not once a job: a step ends dozens of short lines.
         reasons: Counter[str] = Counter()

@@ -64,7 +64,7 @@ class ResultWriter(supervision.SupervisedThread):
         self._bulk_wait_s = bulk_wait_s
         self._queue: queue.SimpleQueue[JobOutcome | None] = queue.SimpleQueue()
         self._nudge = threading.Event()  # set by a put that gives a reason to write now
-        self._gathered = 0  # taken for the next write (the writer's; others only read it)
+        self._gathered = 0  # taken for the write being gathered (the writer's; others read it)
         self._pending = 0  # put and not yet committed
         self._pending_lock = threading.Lock()
         super().__init__()
@@ -101,12 +101,7 @@ class ResultWriter(supervision.SupervisedThread):
         """The next results to write. Under load writes are `flush_ms` apart, each carrying
         what finished meanwhile; a single job's result that ends a quiet spell goes at once,
         batch lines wait for company (see the module's doc)."""
-        try:
-            return self._gather_from(not_before=not_before)
-        finally:
-            self._gathered = 0
-
-    def _gather_from(self, *, not_before: float) -> tuple[list[JobOutcome], bool]:
+        self._gathered = 0
         first = self._queue.get()
         if first is None:
             return [], True
@@ -115,7 +110,7 @@ class ResultWriter(supervision.SupervisedThread):
         deadline = urgent if not first.bulk else max(urgent, time.monotonic() + self._bulk_wait_s)
         while True:
             self._nudge.clear()  # before looking: a put after the look wakes the wait
-            while len(batch) < (MAX_FLUSH if deadline <= urgent else BULK_GATHER):
+            while len(batch) < (most := MAX_FLUSH if deadline <= urgent else BULK_GATHER):
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:
@@ -126,7 +121,7 @@ class ResultWriter(supervision.SupervisedThread):
                 if not item.bulk:
                     deadline = min(deadline, urgent)
             self._gathered = len(batch)
-            if len(batch) >= (MAX_FLUSH if deadline <= urgent else BULK_GATHER):
+            if len(batch) >= most:
                 return batch, False
             if deadline > urgent and not self._ends.more_coming():
                 return batch, False

@@ -19,8 +19,9 @@ from api.grouping import Grouped
 from api.ratelimit import RateLimiter
 from api.token_follower import riding_out
 from api.waiter import JobWaiter, ReadJob
+from inferq.broker.events import EndAnnounced
 from inferq.domain.api_keys import Principal
-from inferq.domain.jobs import Choice, Job, JobResult, JobSpec, JobStatus
+from inferq.domain.jobs import Job, JobResult, JobSpec, JobStatus
 from inferq.domain.served_models import Runner
 from inferq.domain.webhooks import WebhookRequest
 from inferq.exceptions import InferqError
@@ -132,9 +133,7 @@ class Submission:
         if the client hangs up first, it is cancelled.
 
         Its end is watched for before it is written, so it is not read before the wait.
-        `announced`: a success announced with its result is taken as it was announced,
-        not read back (where only the job's status, result and what it was submitted
-        with are used)."""
+        `announced`: a success announced is taken as it was announced, not read back."""
         return await self._run(
             principal, spec, read=read, gone=hung_up(request), announced=announced
         )
@@ -166,17 +165,24 @@ class Submission:
         job_id = new_job_id()
         async with self._waiter.watch(job_id) as woken:
             job = await self.submit(principal, spec, job_id=job_id)
-            ended = functools.partial(_succeeded, job) if announced else None
+            ended = functools.partial(succeeded, job) if announced else None
             job = await self._waiter.wait(woken, job, riding_out(read), gone=gone, ended=ended)
         if not job.status.is_terminal:
             await self.cancel_abandoned(job.id, scope=principal.scope)
         return job
 
 
-def _succeeded(job: Job, choices: tuple[Choice, ...]) -> Job:
-    """`job` as it succeeded with `choices` (as a read of it would give them)."""
-    result = JobResult(choices=choices, prompt_tokens=job.prompt_tokens)
-    return dataclasses.replace(job, status=JobStatus.SUCCEEDED, result=result)
+def succeeded(job: Job, announced: EndAnnounced) -> Job:
+    """`job`, as submitted, once it has succeeded as `announced` (as a read would give
+    it)."""
+    return dataclasses.replace(
+        job,
+        status=JobStatus.SUCCEEDED,
+        result=JobResult(choices=announced.choices, prompt_tokens=job.prompt_tokens),
+        started_at=announced.started_at,
+        finished_at=announced.finished_at,
+        attempts=announced.attempts,
+    )
 
 
 async def hung_up(request: Request) -> None:

@@ -2,7 +2,8 @@
 those following a batch's output when lines of it end).
 
 Each job's end is announced on a channel of its own (`inferq.broker.events`), a single
-job's with its result, which a wait that knows the job answers with, reading nothing. An
+job's success with what a read would tell of it, which a wait that knows the job answers
+with, reading nothing. An
 API process subscribes to a job's channel only while a request waits on it, on one
 pub/sub connection shared by every waiting request. A request that submits its job
 subscribes before the job is written. For an announcement lost (a failed publish, a
@@ -25,9 +26,14 @@ from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 
-from inferq.broker.events import batch_progress_channel, done_channel, result_announced
+from inferq.broker.events import (
+    EndAnnounced,
+    batch_progress_channel,
+    done_channel,
+    end_announced,
+)
 from inferq.constants import API_CHANNEL
-from inferq.domain.jobs import Choice, Job
+from inferq.domain.jobs import Job
 from inferq.exceptions import InferqError
 from inferq.host import supervision
 
@@ -42,8 +48,8 @@ RECONNECT_S = 1.0
 RECHECK_S = 1.0
 
 ReadJob = Callable[[str], Awaitable[Job]]
-# The job as it ended, from the choices its announcement carried.
-EndedJob = Callable[[tuple[Choice, ...]], Job]
+# The job as it ended, from what its announcement carried.
+EndedJob = Callable[[EndAnnounced], Job]
 
 
 class Woken(asyncio.Event):
@@ -160,8 +166,8 @@ class JobWaiter:
         """`job`, watched (`woken`, from `watch(job.id)`) since before it was last read or
         written, once it has ended, or as last read when `timeout_s` has passed or `gone`
         has completed first. Each wake-up reads it again (`read(job.id)`); with `ended`,
-        an announcement that carries the job's result ends the wait with
-        `ended(choices)`, without a read."""
+        an announcement that carries the job's success ends the wait with
+        `ended(announced)`, without a read."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         given_up = None if gone is None else asyncio.ensure_future(gone)
         try:
@@ -182,8 +188,8 @@ class JobWaiter:
                     break
                 # Cleared before the read: an end announced during it wakes us again.
                 woken.clear()
-                if ended is not None and (choices := result_announced(woken.announced)):
-                    return ended(choices)
+                if ended is not None and (announced := end_announced(woken.announced)):
+                    return ended(announced)
                 job = await read(job.id)
         finally:
             if given_up is not None:

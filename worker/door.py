@@ -34,7 +34,7 @@ class Ticket:
     """A message's handle on one job: set when the job has ended here, one way or
     another; whoever asked for it hears of that through `when_ended`."""
 
-    __slots__ = ("_callbacks", "batch_id", "created_at", "ended", "returned")
+    __slots__ = ("_callbacks", "attempts", "batch_id", "created_at", "ended", "returned")
 
     def __init__(self) -> None:
         # Set under `_ENDING`; nobody waits on it (a waiter takes a callback), so a plain
@@ -43,6 +43,7 @@ class Ticket:
         self.returned = False
         self.created_at: datetime | None = None
         self.batch_id: str | None = None
+        self.attempts = 0  # as the claim that holds the job counted them
         self._callbacks: list[Callable[[Ticket], None]] = []
 
     def when_ended(self, callback: Callable[[Ticket], None]) -> None:
@@ -216,6 +217,7 @@ class Door:
                     continue
                 ticket = tickets.pop(job.id, None) or Ticket()
                 ticket.created_at, ticket.batch_id = job.created_at, job.batch_id
+                ticket.attempts = job.attempts
                 self._held.setdefault(job.id, ticket)
                 to_run.append(job)
             for job_id, ticket in tickets.items():
@@ -272,10 +274,10 @@ class Door:
             ticket.end(returned=returned)
         return tickets
 
-    def tickets(self, job_ids: Sequence[str]) -> list[Ticket]:
-        """The tickets of those of `job_ids` held here."""
+    def tickets(self, job_ids: Sequence[str]) -> dict[str, Ticket]:
+        """The tickets of those of `job_ids` held here, by job id."""
         with self._changed:
-            return [self._held[j] for j in job_ids if j in self._held]
+            return {j: self._held[j] for j in job_ids if j in self._held}
 
     def cancel(self, job_ids: Sequence[str]) -> list[str]:
         """Those of `job_ids` held here; the others are remembered as cancelled, so that

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 
-from inferq.broker.events import FinishedJobs, announced_result
+from inferq.broker.events import FinishedJobs, announce_end
 from inferq.domain.jobs import ClaimedJob, JobOutcome, engine_priority
 from inferq.exceptions import JobsReturned, StoreUnavailable
 from inferq.host import supervision
@@ -245,18 +245,26 @@ class GpuWorker:
 
     # 4. Written (on the writer's thread, after each commit): the jobs end.
 
-    def committed(self, outcomes: Sequence[JobOutcome], written: Sequence[str]) -> None:
+    def committed(
+        self, outcomes: Sequence[JobOutcome], written: Sequence[str], *, finished_at: datetime
+    ) -> None:
         """Announce the jobs' ends, end their tickets (a message whose jobs have all ended
         is acknowledged then), and look at the batches whose lines these were."""
         now = datetime.now(UTC)
         done = set(written)
-        tickets = self._door.tickets([o.job_id for o in outcomes if o.job_id in done])
+        held = self._door.tickets([o.job_id for o in outcomes if o.job_id in done])
+        tickets = list(held.values())
         batch_ids = {t.batch_id for t in tickets if t.batch_id is not None}
-        # A single job's result goes with its announcement: its waiter need not read it.
+        # A single job's success goes with its announcement: its waiter need not read it.
         announced = {
-            o.job_id: announced_result(o.result)
+            o.job_id: announce_end(
+                o.result,
+                started_at=o.started_at,
+                finished_at=finished_at,
+                attempts=held[o.job_id].attempts,
+            )
             for o in outcomes
-            if o.result is not None and not o.bulk and o.job_id in done
+            if o.result is not None and o.started_at is not None and not o.bulk and o.job_id in held
         }
         self._events.finished(written, batch_ids=sorted(batch_ids), results=announced)
         for ticket in tickets:

@@ -9,6 +9,7 @@ Every call may raise `StoreUnavailable` while the database cannot be reached.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Protocol
 
 from inferq.domain.fair_share import FleetShare
@@ -44,5 +45,8 @@ class WorkerStore(Protocol):
     ) -> list[str]:
         """Give `worker`'s unfinished jobs back (status queued); return the ids given back."""
 
-    def finish_jobs(self, outcomes: Sequence[JobOutcome]) -> list[str]:
-        """Write outcomes of jobs still queued or running; return the ids written."""
+    def finish_jobs(
+        self, outcomes: Sequence[JobOutcome], *, now: datetime | None = None
+    ) -> list[str]:
+        """Write outcomes of jobs still queued or running, as finished at `now` (the
+        store's clock if None); return the ids written."""

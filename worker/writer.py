@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Protocol
 
 from inferq.domain.jobs import JobError, JobOutcome
@@ -34,9 +35,11 @@ BULK_GATHER = 32
 class Ends(Protocol):
     """What the writer hands committed outcomes to: the GPU worker (worker/gpu_worker.py)."""
 
-    def committed(self, outcomes: Sequence[JobOutcome], written: Sequence[str]) -> None:
+    def committed(
+        self, outcomes: Sequence[JobOutcome], written: Sequence[str], *, finished_at: datetime
+    ) -> None:
         """`outcomes` were written; `written` are the jobs whose outcome was stored (one
-        cancelled or taken over meanwhile is not)."""
+        cancelled or taken over meanwhile is not), each as finished at `finished_at`."""
 
     def more_coming(self) -> bool:
         """Whether outcomes are on their way that have not been put (jobs held and not
@@ -133,8 +136,9 @@ class ResultWriter(supervision.SupervisedThread):
     def _write(self, batch: list[JobOutcome]) -> None:
         backoff = 0.1
         while True:
+            now = datetime.now(UTC)
             try:
-                written = self._write_batch(batch)
+                written = self._write_batch(batch, now)
             except StoreUnavailable as exc:
                 log.warning("cannot write %d results yet (%s); retrying", len(batch), exc)
                 time.sleep(backoff)
@@ -142,25 +146,25 @@ class ResultWriter(supervision.SupervisedThread):
                 continue
             break
         try:
-            self._ends.committed(batch, written)
+            self._ends.committed(batch, written, finished_at=now)
         finally:
             with self._pending_lock:
                 self._pending -= len(batch)
 
-    def _write_batch(self, batch: list[JobOutcome]) -> list[str]:
+    def _write_batch(self, batch: list[JobOutcome], now: datetime) -> list[str]:
         try:
-            return self._store.finish_jobs(batch)
+            return self._store.finish_jobs(batch, now=now)
         except StoreUnavailable:
             raise
         except Exception:
             log.exception("writing %d results failed; writing them one by one", len(batch))
-            return self._write_singly(batch)
+            return self._write_singly(batch, now)
 
-    def _write_singly(self, batch: list[JobOutcome]) -> list[str]:
+    def _write_singly(self, batch: list[JobOutcome], now: datetime) -> list[str]:
         written: list[str] = []
         for outcome in batch:
             try:
-                written += self._store.finish_jobs([outcome])
+                written += self._store.finish_jobs([outcome], now=now)
             except StoreUnavailable:
                 raise
             except Exception as exc:
@@ -177,5 +181,5 @@ class ResultWriter(supervision.SupervisedThread):
                     ),
                     started_at=outcome.started_at,
                 )
-                written += self._store.finish_jobs([failure])
+                written += self._store.finish_jobs([failure], now=now)
         return written

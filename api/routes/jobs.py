@@ -25,6 +25,7 @@ from api.errors import error_responses
 from api.idempotency import IdempotencyKey
 from api.schemas import JobCreate, JobList
 from api.streams import event_stream, job_deltas
+from api.submission import succeeded
 from inferq.domain.jobs import Job, JobSpec, JobStatus
 from inferq.store.idempotency import IdempotentRequest
 from inferq.store.job_rows import new_job_id
@@ -98,7 +99,8 @@ async def create_job(
             return await reads((job_id, principal.scope))
 
         wait_s = min(wait, settings.max_wait_s)
-        job = await waiter.wait(woken, submitted[0], reread, timeout_s=wait_s)
+        ended = functools.partial(succeeded, submitted[0])
+        job = await waiter.wait(woken, submitted[0], reread, timeout_s=wait_s, ended=ended)
     if job.status.is_terminal:
         response.status_code = 200
     return JobPublic.from_job(job)

@@ -3,15 +3,17 @@ output), "cancelled" reaches workers, and "lines queued" wakes every worker of a
 
 A job's end is published on a channel of its own, heard only by the API processes with a
 request waiting on it. Pub/sub is a hint that saves latency, never the truth: whoever
-listens also reads Postgres again on a timer. A single job's announcement carries its
-choices as committed (`announced_result`), so its waiter answers without reading the job;
-a batch line's, an embedding's, a failure's and a cancel's carry nothing."""
+listens also reads Postgres again on a timer. A single job's success announces what a
+read of it would tell of its end (`announce_end`), so its waiter answers without reading
+the job; a batch line's, an embedding's, a failure's and a cancel's carry nothing."""
 
 from __future__ import annotations
 
 import json
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 from redis import Redis
@@ -52,23 +54,48 @@ def decode_ids(data: bytes | str) -> list[str]:
     return [str(i) for i in ids] if isinstance(ids, list) else []
 
 
-def announced_result(result: JobResult) -> bytes:
-    """What a job's end announces of its committed result: its choices, as stored (an
-    embedding's vectors are not sent: b"")."""
+@dataclass(frozen=True, kw_only=True)
+class EndAnnounced:
+    """A single job's success as its worker committed it: its choices, when it started
+    and ended, and how many times a worker took it."""
+
+    choices: tuple[Choice, ...]
+    started_at: datetime
+    finished_at: datetime
+    attempts: int
+
+
+def announce_end(
+    result: JobResult, *, started_at: datetime, finished_at: datetime, attempts: int
+) -> bytes:
+    """What a single job's success announces (an embedding's vectors are not sent: b"")."""
     if result.embedding is not None:
         return b""
-    return json.dumps([choice.to_dict() for choice in result.choices]).encode()
+    return json.dumps(
+        {
+            "choices": [choice.to_dict() for choice in result.choices],
+            "started_at": started_at.isoformat(),
+            "finished_at": finished_at.isoformat(),
+            "attempts": attempts,
+        }
+    ).encode()
 
 
-def result_announced(data: bytes | str) -> tuple[Choice, ...] | None:
-    """The choices an announcement carries, or None if it carries none (or none this
+def end_announced(data: bytes | str) -> EndAnnounced | None:
+    """The success an announcement carries, or None if it carries none (or none this
     process can read: its waiter then reads the job)."""
     if not data:
         return None
     try:
-        return tuple(Choice.from_dict(choice) for choice in json.loads(data))
+        end = json.loads(data)
+        return EndAnnounced(
+            choices=tuple(Choice.from_dict(choice) for choice in end["choices"]),
+            started_at=datetime.fromisoformat(end["started_at"]),
+            finished_at=datetime.fromisoformat(end["finished_at"]),
+            attempts=int(end["attempts"]),
+        )
     except (ValueError, TypeError, KeyError):
-        log.debug("an announcement whose result cannot be read: %r", data[:200])
+        log.debug("an announcement that cannot be read: %r", data[:200])
         return None
 
 
@@ -99,8 +126,8 @@ class JobEvents:
         batch_ids: Sequence[str] = (),
         results: Mapping[str, bytes] | None = None,
     ) -> None:
-        """Announce each job on its own channel, with its committed result where
-        `results` has it (`announced_result`), and once each batch some of them are lines
+        """Announce each job on its own channel, with its committed success where
+        `results` has it (`announce_end`), and once each batch some of them are lines
         of (`batch_ids`) on the batch's, all in one round trip."""
         if not job_ids:
             return

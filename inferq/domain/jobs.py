@@ -331,6 +331,8 @@ class ClaimedJob:
     batch_id: str | None = None
     priority: int = 0
     stream: bool = False
+    # Times a worker has taken it, this claim included.
+    attempts: int = 1
 
     @property
     def flex(self) -> bool:

@@ -5,7 +5,7 @@ these calls; the worker depends on them alone (`worker.store.WorkerStore`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, and_, or_, update
 
@@ -118,14 +118,17 @@ class JobLeases(OutboxStore):
                 .execution_options(synchronize_session=False)
             )
 
-    def finish_jobs(self, outcomes: Sequence[JobOutcome]) -> list[str]:
+    def finish_jobs(
+        self, outcomes: Sequence[JobOutcome], *, now: datetime | None = None
+    ) -> list[str]:
         """Write results and errors all or nothing, each only if its job is still queued
-        or running, with the jobs' usage, their batches' counts and the webhook
-        deliveries they asked for (the flush: inferq/store/flush.py). Returns the ids
-        written; the others had already ended."""
+        or running, as finished at `now` (the store's clock if None), with the jobs'
+        usage, their batches' counts and the webhook deliveries they asked for (the
+        flush: inferq/store/flush.py). Returns the ids written; the others had already
+        ended."""
         if not outcomes:
             return []
-        now = self._clock()
+        now = now or self._clock()
         if self._postgres:
             with self._driver() as driver:
                 flushed = flush_on_postgres(driver, outcomes, now)

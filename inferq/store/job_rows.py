@@ -204,6 +204,7 @@ CLAIMED_COLUMNS = (
     JobRow.batch_id,
     JobRow.priority,
     JobRow.stream,
+    JobRow.attempts,
 )
 
 
@@ -218,6 +219,7 @@ def claimed_job(row: Any, now: datetime) -> ClaimedJob:
         batch_id=row.batch_id,
         priority=row.priority,
         stream=row.stream,
+        attempts=row.attempts,
     )
 
 

@@ -136,6 +136,7 @@ class StoredJob:
     worker: str | None = None
     lease_ends: float = 0.0  # on the store's clock, in seconds
     outcome: JobOutcome | None = None
+    finished_at: datetime | None = None
     claims: int = 0
 
 
@@ -253,13 +254,16 @@ class MemoryJobStore:
                     released.append(job.id)
             return released
 
-    def finish_jobs(self, outcomes: Sequence[JobOutcome]) -> list[str]:
+    def finish_jobs(
+        self, outcomes: Sequence[JobOutcome], *, now: datetime | None = None
+    ) -> list[str]:
         with self._call("finish_jobs"):
             written = []
             for outcome in outcomes:
                 job = self.jobs.get(outcome.job_id)
                 if job is not None and job.status in (JobStatus.QUEUED, JobStatus.RUNNING):
                     job.status, job.outcome = outcome.status, outcome
+                    job.finished_at = now or datetime.now(UTC)
                     written.append(job.id)
             return written
 
@@ -291,6 +295,7 @@ def _claimed(job: StoredJob) -> ClaimedJob:
         created_at=datetime.now(UTC),
         batch_id=job.batch_id,
         priority=job.priority,
+        attempts=job.claims,
     )
 
 

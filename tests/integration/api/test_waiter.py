@@ -10,13 +10,15 @@ import dataclasses
 import functools
 import time
 from collections.abc import Collection
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from redis.asyncio import Redis as AsyncRedis
 
 import api.waiter
+from api.submission import succeeded
 from api.waiter import JobWaiter
-from inferq.broker.events import announced_result, done_channel
+from inferq.broker.events import announce_end, done_channel
 from inferq.domain.jobs import Choice, Job, JobResult, JobStatus
 from tests.conftest import REDIS_URL
 from tests.helpers import jobs as job_helpers
@@ -87,18 +89,20 @@ def test_an_announced_end_wakes_the_wait(key_prefix: str) -> None:
     assert jobs.reads == 2  # when the wait began, and when woken
 
 
-def succeeded(job: Job, choices: tuple[Choice, ...]) -> Job:
-    result = JobResult(choices=choices, prompt_tokens=job.prompt_tokens)
-    return dataclasses.replace(job, status=JobStatus.SUCCEEDED, result=result)
-
-
 @pytest.mark.parametrize("with_result", [True, False], ids=["with-result", "without"])
 def test_an_end_announced_with_its_result_is_answered_without_a_read(
     key_prefix: str, with_result: bool
 ) -> None:
     jobs = Jobs()
     choices = (Choice(index=0, text="hi \u0000 there", finish_reason="stop", completion_tokens=3),)
-    announced = announced_result(JobResult(choices=choices, prompt_tokens=1))
+    started_at = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+    finished_at = started_at + timedelta(seconds=1.5)
+    announced = announce_end(
+        JobResult(choices=choices, prompt_tokens=1),
+        started_at=started_at,
+        finished_at=finished_at,
+        attempts=2,
+    )
 
     async def scenario(waiter: JobWaiter, redis: AsyncRedis) -> Job:
         wait = asyncio.create_task(
@@ -123,6 +127,7 @@ def test_an_end_announced_with_its_result_is_answered_without_a_read(
     if with_result:
         assert job.result is not None
         assert job.result.choices == choices
+        assert (job.started_at, job.finished_at, job.attempts) == (started_at, finished_at, 2)
         assert jobs.reads == 1  # when the wait began only
     else:
         assert jobs.reads == 2

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 import pytest
 from prometheus_client import CollectorRegistry
 
-from inferq.broker.events import result_announced
+from inferq.broker.events import EndAnnounced, end_announced
 from inferq.domain.fair_share import ALONE, FleetShare
 from inferq.domain.jobs import (
     ClaimedJob,
@@ -163,12 +163,18 @@ def test_a_task_returns_once_the_outcomes_of_its_jobs_are_written(
         assert outcome.result.choices[0].text == f"done {job_id}"
         assert store.status(job_id) is JobStatus.SUCCEEDED
     assert sorted(events.job_ids) == ["a", "b", "c"]
-    # Each announced with its result, as committed: whoever waits need not read it.
+    # Each announced as committed: whoever waits need not read it.
     for job_id in ("a", "b", "c"):
-        outcome = store.jobs[job_id].outcome
+        stored = store.jobs[job_id]
+        outcome = stored.outcome
         assert outcome is not None
         assert outcome.result is not None
-        assert result_announced(events.results[job_id]) == outcome.result.choices
+        assert end_announced(events.results[job_id]) == EndAnnounced(
+            choices=outcome.result.choices,
+            started_at=outcome.started_at,
+            finished_at=stored.finished_at,
+            attempts=1,
+        )
     assert gpu_worker.held == 0
     assert engine.requests["a"].priority == engine_priority(0, single=True)
     minute = gpu_worker.last_minute.total()
@@ -342,11 +348,11 @@ def test_a_drain_lets_jobs_entering_the_engine_or_being_written_finish(
     writing, write = threading.Event(), threading.Event()
     finish, release = store.finish_jobs, store.give_back_jobs
 
-    def slow_finish(outcomes: Sequence[JobOutcome]) -> list[str]:
+    def slow_finish(outcomes: Sequence[JobOutcome], *, now: datetime | None = None) -> list[str]:
         if any(o.job_id == "written" for o in outcomes):
             writing.set()
             write.wait(WAIT_S)
-        return finish(outcomes)
+        return finish(outcomes, now=now)
 
     def release_then_go_on(
         job_ids: Sequence[str], *, worker: str, requeue_after_s: int

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any, cast
 
 from inferq.domain.jobs import JobOutcome, JobResult
@@ -16,10 +17,14 @@ class _Store:
 
     def __init__(self) -> None:
         self.writes: list[list[str]] = []
+        self.times: list[datetime | None] = []
 
-    def finish_jobs(self, outcomes: Sequence[JobOutcome]) -> list[str]:
+    def finish_jobs(
+        self, outcomes: Sequence[JobOutcome], *, now: datetime | None = None
+    ) -> list[str]:
         ids = [o.job_id for o in outcomes]
         self.writes.append(ids)
+        self.times.append(now)
         return ids
 
 
@@ -31,7 +36,11 @@ def _writer(
     changed = threading.Event()
 
     class Ends:
-        def committed(self, _outcomes: Sequence[JobOutcome], written: Sequence[str]) -> None:
+        def committed(
+            self, _outcomes: Sequence[JobOutcome], written: Sequence[str], *, finished_at: datetime
+        ) -> None:
+            # What the jobs' ends announce is when the store says they finished.
+            assert finished_at == store.times[-1]
             committed.append(list(written))
             changed.set()
 

@@ -110,8 +110,11 @@ class JobWaiter:
         return self._watch(batch_progress_channel(self._key_prefix, batch_id))
 
     @contextlib.asynccontextmanager
-    async def _watch(self, channel: str, *, job_id: str | None = None) -> AsyncIterator[Woken]:
-        event = Woken()
+    async def _watch(
+        self, channel: str, *, job_id: str | None = None, event: Woken | None = None
+    ) -> AsyncIterator[Woken]:
+        """`event` (a new one if None), set by each announcement on `channel`."""
+        event = event or Woken()
         watchers = self._watchers.setdefault(channel, set())
         first = not watchers
         watchers.add(event)
@@ -146,9 +149,18 @@ class JobWaiter:
             async with self.watch(job_id) as woken:
                 # Read only once the subscription is in place, so no announced end is missed.
                 job = await read(job_id)
-                return await self.wait(
-                    woken, job, read, timeout_s=timeout_s, gone=given_up, ended=ended
-                )
+                if job.batch_id is None or job.status.is_terminal:
+                    return await self.wait(
+                        woken, job, read, timeout_s=timeout_s, gone=given_up, ended=ended
+                    )
+                # A batch line's end is announced on its batch's channel (a cancel still
+                # on its own): read again once that is watched too.
+                channel = batch_progress_channel(self._key_prefix, job.batch_id)
+                async with self._watch(channel, event=woken):
+                    job = await read(job_id)
+                    return await self.wait(
+                        woken, job, read, timeout_s=timeout_s, gone=given_up, ended=ended
+                    )
         finally:
             if given_up is not None:
                 given_up.cancel()

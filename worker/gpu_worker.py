@@ -266,7 +266,10 @@ class GpuWorker:
             for o in outcomes
             if o.result is not None and o.started_at is not None and not o.bulk and o.job_id in held
         }
-        self._events.finished(written, batch_ids=sorted(batch_ids), results=announced)
+        # A batch line's end is announced on its batch's channel only, where a wait on it
+        # listens (api/waiter.py): not on a channel of its own.
+        singles = [j for j in written if j not in held or held[j].batch_id is None]
+        self._events.finished(singles, batch_ids=sorted(batch_ids), results=announced)
         for ticket in tickets:
             if ticket.created_at is not None:
                 self._metrics.job_latency.observe((now - ticket.created_at).total_seconds())

@@ -1,11 +1,13 @@
 """Job events over Redis pub/sub: "finished" wakes long-polls (and followers of a batch's
 output), "cancelled" reaches workers, and "lines queued" wakes every worker of a queue.
 
-A job's end is published on a channel of its own, heard only by the API processes with a
-request waiting on it. Pub/sub is a hint that saves latency, never the truth: whoever
-listens also reads Postgres again on a timer. A single job's success announces what a
-read of it would tell of its end (`announce_end`), so its waiter answers without reading
-the job; a batch line's, an embedding's, a failure's and a cancel's carry nothing."""
+A single job's end is published on a channel of its own, heard only by the API processes
+with a request waiting on it; batch lines' ends once a write on their batch's channel
+(a wait on a line listens there), and a cancel on each job's. Pub/sub is a hint that
+saves latency, never the truth: whoever listens also reads Postgres again on a timer. A
+single job's success announces what a read of it would tell of its end (`announce_end`),
+so its waiter answers without reading the job; an embedding's, a failure's and a
+cancel's carry nothing."""
 
 from __future__ import annotations
 
@@ -126,10 +128,10 @@ class JobEvents:
         batch_ids: Sequence[str] = (),
         results: Mapping[str, bytes] | None = None,
     ) -> None:
-        """Announce each job on its own channel, with its committed success where
-        `results` has it (`announce_end`), and once each batch some of them are lines
-        of (`batch_ids`) on the batch's, all in one round trip."""
-        if not job_ids:
+        """Announce each of `job_ids` on its own channel, with its committed success
+        where `results` has it (`announce_end`), and each batch whose lines ended
+        (`batch_ids`) once on the batch's, all in one round trip."""
+        if not job_ids and not batch_ids:
             return
         results = results or {}
         try:
@@ -140,7 +142,12 @@ class JobEvents:
                     pipe.publish(batch_progress_channel(self._key_prefix, batch_id), b"")
                 pipe.execute()
         except RedisError as exc:
-            log.warning("could not announce %d finished jobs: %s", len(job_ids), exc)
+            log.warning(
+                "could not announce %d finished jobs and %d batches' lines: %s",
+                len(job_ids),
+                len(batch_ids),
+                exc,
+            )
 
     def lines_queued(self, queue: str) -> None:
         """Tell every worker of `queue` that batch lines wait for it: each looks at once,

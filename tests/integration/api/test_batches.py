@@ -85,6 +85,13 @@ def test_a_chat_batch_runs_to_completion_with_outputs_in_input_order(stack: Stac
     )
     assert created.status in {"in_progress", "finalizing", "completed"}
     assert created.request_counts.total == 25
+    # A line is a job: a long-poll on it hears its end (announced on its batch's channel).
+    with stack.client() as http:
+        lines = http.get("/v1/jobs", params={"batch_id": created.id, "limit": 100}).json()
+        last = next(job for job in lines["data"] if job["custom_id"] == "req-24")
+        waited = http.get(f"/v1/jobs/{last['id']}", params={"wait": 60}, timeout=90).json()
+        assert waited["status"] == "succeeded"
+        assert http.get(f"/v1/jobs/{last['id']}").json() == waited
     batch = wait_for(client, created.id)
 
     assert batch.status == "completed"

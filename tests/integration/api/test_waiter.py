@@ -18,7 +18,7 @@ from redis.asyncio import Redis as AsyncRedis
 import api.waiter
 from api.submission import succeeded
 from api.waiter import JobWaiter
-from inferq.broker.events import announce_end, done_channel
+from inferq.broker.events import announce_end, batch_progress_channel, done_channel
 from inferq.domain.jobs import Choice, Job, JobResult, JobStatus
 from tests.conftest import REDIS_URL
 from tests.helpers import jobs as job_helpers
@@ -87,6 +87,26 @@ def test_an_announced_end_wakes_the_wait(key_prefix: str) -> None:
     assert job.status is JobStatus.SUCCEEDED
     assert time.monotonic() - started < 10
     assert jobs.reads == 2  # when the wait began, and when woken
+
+
+def test_a_batch_lines_end_is_heard_on_its_batchs_channel(key_prefix: str) -> None:
+    jobs = Jobs()
+    jobs.job = dataclasses.replace(jobs.job, batch_id="batch_waited")
+
+    async def scenario(waiter: JobWaiter, redis: AsyncRedis) -> Job:
+        wait = asyncio.create_task(waiter.until_ended(jobs.job.id, jobs.read, timeout_s=30))
+        # Read as the wait began, and again once the batch's channel was watched.
+        while jobs.reads < 2:
+            await asyncio.sleep(0.01)
+        jobs.end()
+        await redis.publish(batch_progress_channel(key_prefix, "batch_waited"), b"")
+        return await wait
+
+    started = time.monotonic()
+    job = waiting(key_prefix, jobs, scenario, sweep=False)
+    assert job.status is JobStatus.SUCCEEDED
+    assert time.monotonic() - started < 10
+    assert jobs.reads == 3
 
 
 @pytest.mark.parametrize("with_result", [True, False], ids=["with-result", "without"])

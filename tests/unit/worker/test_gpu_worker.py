@@ -483,7 +483,10 @@ def test_the_feeder_brings_batch_lines_in_and_nobody_waits_on_them(
 
     assert store.wait_for(lambda: all(store.status(j) is JobStatus.SUCCEEDED for j in lines))
     assert wait_until(lambda: gpu_worker.held == 0)
-    assert events.results == {}  # nobody waits on a line alone: announced without it
+    # A line's end is announced on its batch's channel, where a wait on it listens, not
+    # on one of its own.
+    assert events.job_ids == []
+    assert set(events.batch_ids) == {"batch"}
     # In the order they were claimed, and all at one priority: the claim decided.
     assert engine.admitted == lines
     assert {r.priority for r in engine.requests.values()} == {engine_priority(0, single=False)}

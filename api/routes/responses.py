@@ -95,7 +95,7 @@ async def create_response(
         return await read((job_id, scope))
 
     if not body.stream and not body.background:
-        job = await submission.run(principal, spec, read=reread, request=request)
+        job = await submission.run(principal, spec, read=reread, request=request, announced=True)
         if error := ended_error(job.id, job.status, job.error):
             raise error
         state = ResponseState.of_job(job)

@@ -1,10 +1,10 @@
 """Long-poll support: wakes requests waiting on a job when the worker announces its end (and
 those following a batch's output when lines of it end).
 
-Each job's end is announced on a channel of its own (`inferq.broker.events`), a single
-job's success with what a read would tell of it, which a wait that knows the job answers
-with, reading nothing. An
-API process subscribes to a job's channel only while a request waits on it, on one
+A single job's end is announced on a channel of its own (`inferq.broker.events`), its
+success with what a read would tell of it, which a wait that knows the job answers with,
+reading nothing; a batch line's end on its batch's channel, which a wait on a line watches
+too. An API process subscribes to a channel only while a request waits on it, on one
 pub/sub connection shared by every waiting request. A request that submits its job
 subscribes before the job is written. For an announcement lost (a failed publish, a
 dropped connection), one sweep every `RECHECK_S` asks Postgres which of the jobs waited
@@ -146,21 +146,18 @@ class JobWaiter:
         passed or `gone` (the client hung up, say) has completed first (see `wait`)."""
         given_up = None if gone is None else asyncio.ensure_future(gone)
         try:
-            async with self.watch(job_id) as woken:
+            async with self.watch(job_id) as woken, contextlib.AsyncExitStack() as also:
                 # Read only once the subscription is in place, so no announced end is missed.
                 job = await read(job_id)
-                if job.batch_id is None or job.status.is_terminal:
-                    return await self.wait(
-                        woken, job, read, timeout_s=timeout_s, gone=given_up, ended=ended
-                    )
-                # A batch line's end is announced on its batch's channel (a cancel still
-                # on its own): read again once that is watched too.
-                channel = batch_progress_channel(self._key_prefix, job.batch_id)
-                async with self._watch(channel, event=woken):
+                if job.batch_id is not None and not job.status.is_terminal:
+                    # A batch line's end is announced on its batch's channel (a cancel
+                    # still on its own): read again once that is watched too.
+                    channel = batch_progress_channel(self._key_prefix, job.batch_id)
+                    await also.enter_async_context(self._watch(channel, event=woken))
                     job = await read(job_id)
-                    return await self.wait(
-                        woken, job, read, timeout_s=timeout_s, gone=given_up, ended=ended
-                    )
+                return await self.wait(
+                    woken, job, read, timeout_s=timeout_s, gone=given_up, ended=ended
+                )
         finally:
             if given_up is not None:
                 given_up.cancel()

@@ -99,9 +99,10 @@ class Store:
         held = self._held
         holder = held.holder if held is not None else None
         if holder is None:
-            holder = _Holder(self._checkout())
+            holder = _Holder(self._checkout(), generic_plans=held is not None)
         driver = holder.driver
         try:
+            holder.ready()
             yield driver
         except psycopg.Error as exc:
             lost = driver.broken or driver.closed
@@ -148,22 +149,45 @@ class Store:
 
 class _Holder:
     """A pooled connection whose driver is in autocommit until it goes back to the pool:
-    when the store lets go of it, or with the thread that held it."""
+    when the store lets go of it, or with the thread that held it.
 
-    __slots__ = ("driver", "pooled")
+    With `generic_plans`, a held connection's statements (a worker's claims and flushes,
+    each looked up by primary key) are planned once, not at each execution. psycopg
+    prepares a statement it has run five times; Postgres then plans it again at every
+    execution whenever a plan for its values costs less than one for any values, which
+    for a claim or a flush of a few ids is always: planning a flush cost Postgres about
+    as much as running it. The setting is the connection's, so it is undone before the
+    connection goes back to the pool."""
 
-    def __init__(self, pooled: PoolProxiedConnection) -> None:
+    __slots__ = ("_planning_set", "driver", "generic_plans", "pooled")
+
+    def __init__(self, pooled: PoolProxiedConnection, *, generic_plans: bool) -> None:
         driver = pooled.driver_connection
         assert isinstance(driver, psycopg.Connection)
         driver.autocommit = True
         self.pooled: PoolProxiedConnection | None = pooled
         self.driver: psycopg.Connection[Any] = driver
+        # Asked for, and not yet set on the connection (`ready` sets it).
+        self.generic_plans = generic_plans
+        self._planning_set = False
+
+    def ready(self) -> None:
+        """Set the connection up before its first statement (may raise psycopg's error)."""
+        if self.generic_plans and not self._planning_set:
+            self.driver.execute(_GENERIC_PLANS)
+            self._planning_set = True
 
     def let_go(self) -> None:
         pooled, self.pooled = self.pooled, None
         if pooled is None or not pooled.is_valid:  # let go already, or invalidated
             return
         if not (self.driver.broken or self.driver.closed):
+            if self._planning_set:
+                try:
+                    self.driver.execute(_PLANS_AS_BEFORE)
+                except psycopg.Error as exc:  # not fit to go back as it is
+                    pooled.invalidate(exc)
+                    return
             self.driver.autocommit = False  # as the pool hands it to others
         pooled.close()
 
@@ -177,6 +201,10 @@ class _Holder:
         # collector would otherwise find it checked out (and say so).
         with contextlib.suppress(Exception):
             self.let_go()
+
+
+_GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
+_PLANS_AS_BEFORE = "RESET plan_cache_mode"
 
 
 class _KeptConnections(threading.local):

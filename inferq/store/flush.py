@@ -69,6 +69,7 @@ def flush_on_postgres(
             # One JSON document, where arrays of each value cost psycopg more to send.
             "values": text_codec.dumps(values),
             "ids": [outcome.job_id for outcome in outcomes],
+            "active": list(ACTIVE),
             "now": now,
             "hour": hour_of(now),
             "succeeded": JobStatus.SUCCEEDED.value,
@@ -143,7 +144,10 @@ ended AS (
     UPDATE {jobs} AS t
     SET status = v.status, finished_at = %(now)s, lease_expires_at = NULL, {kept}
     FROM v
-    WHERE t.id = v.id AND t.status IN ({active})
+    -- The jobs are found by id, and their statuses checked against a parameter: with
+    -- the statuses written in, the planner may read every active job through a partial
+    -- index of them instead (all those in flight and queued, at every flush).
+    WHERE t.id = v.id AND t.id = ANY(%(ids)s) AND t.status = ANY(%(active)s)
         -- The rows of the jobs' batches are locked first, in id order (the lock order of
         -- inferq/store/batch_counts.py): a sub-select that refers to nothing outside it
         -- runs once, before any job row is read ("InitPlan" in EXPLAIN).
@@ -231,7 +235,6 @@ def _statement() -> str:
             batches=sql.Identifier(BatchRow.__tablename__),
             usage=sql.Identifier(UsageRow.__tablename__),
             deliveries=sql.Identifier(WebhookDeliveryRow.__tablename__),
-            active=sql.SQL(", ").join(map(sql.Literal, ACTIVE)),
             usage_counts=sql.SQL(", ").join(map(sql.Identifier, _USAGE_COUNTS)),
             usage_sums=_sums("u", "EXCLUDED", _USAGE_COUNTS),
             batch_sums=_sums("b", "c", _BATCH_COUNTS),

@@ -229,6 +229,48 @@ def test_a_worker_whose_connections_were_lost_fails_one_claim_then_claims(
     engine.dispose()
 
 
+def test_a_held_connection_plans_its_statements_once_and_goes_back_planning_as_before(
+    database_url: str,
+) -> None:
+    engine = make_database(database_url, pool_size=2, pre_ping=False)
+    store = JobStore(make_sessions(engine), keep_connections=True)
+    jobs = create_jobs(store, [_spec() for _ in range(8)], queue="interactive")
+
+    def planning() -> tuple[int, str]:
+        with store._driver() as driver:
+            row = driver.execute("SELECT pg_backend_pid(), current_setting('plan_cache_mode')")
+            pid, mode = row.fetchone() or (0, "")
+            return int(pid), str(mode)
+
+    # More claims and flushes than psycopg runs before it prepares a statement: each is
+    # then planned for any ids, not again for each claim's few.
+    for job in jobs:
+        store.claim_jobs([job.id], worker="w", lease_s=60)
+        assert store.finish_jobs([JobOutcome(job_id=job.id, result=_result())]) == [job.id]
+    held, mode = planning()
+    assert mode == "force_generic_plan"
+    assert all(j.status == JobStatus.SUCCEEDED for j in store.get_jobs([j.id for j in jobs]))
+
+    store.let_go()
+    with engine.connect() as one, engine.connect() as other:  # all the pool holds
+        back = {
+            tuple(
+                c.exec_driver_sql(
+                    "SELECT pg_backend_pid(), current_setting('plan_cache_mode')"
+                ).one()
+            )
+            for c in (one, other)
+        }
+    assert (held, "auto") in back
+    assert {mode for _, mode in back} == {"auto"}
+    # A store that does not hold connections leaves the setting alone.
+    pooled = JobStore(make_sessions(engine))
+    with pooled._driver() as driver:
+        row = driver.execute("SELECT current_setting('plan_cache_mode')").fetchone()
+    assert row == ("auto",)
+    engine.dispose()
+
+
 def test_a_store_that_holds_connections_keeps_one_a_thread_until_the_thread_ends(
     database_url: str,
 ) -> None:

@@ -240,9 +240,10 @@ class Statements:
         """The statements that took the most time, per line or request."""
         with psycopg.connect(self._dsn, autocommit=True) as connection:
             rows = connection.execute(
-                "SELECT calls, total_exec_time, rows, query FROM pg_stat_statements "
+                "SELECT calls, total_exec_time, rows, query, plans, total_plan_time "
+                "FROM pg_stat_statements "
                 "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-                "ORDER BY total_exec_time DESC LIMIT %s",
+                "ORDER BY total_exec_time + total_plan_time DESC LIMIT %s",
                 (self.TOP,),
             ).fetchall()
         return [
@@ -250,9 +251,13 @@ class Statements:
                 "ms_per_line": round(total / lines, 4),
                 "calls_per_line": round(calls / lines, 4),
                 "rows": rows_,
+                # Planning, counted only with pg_stat_statements.track_planning on
+                # (BENCH_PG_SETTINGS="pg_stat_statements.track_planning = on").
+                "plan_ms_per_line": round(plan_total / lines, 4),
+                "plans_per_line": round(plans / lines, 4),
                 "query": " ".join(query.split())[:160],
             }
-            for calls, total, rows_, query in rows
+            for calls, total, rows_, query, plans, plan_total in rows
         ]
 
 

@@ -182,14 +182,22 @@ class _Holder:
         if pooled is None or not pooled.is_valid:  # let go already, or invalidated
             return
         if not (self.driver.broken or self.driver.closed):
-            if self._planning_set:
-                try:
-                    self.driver.execute(_PLANS_AS_BEFORE)
-                except psycopg.Error as exc:  # not fit to go back as it is
-                    pooled.invalidate(exc)
-                    return
+            if self._planning_set and not self._planning_undone():
+                pooled.invalidate()  # not fit to go back as it is
+                return
             self.driver.autocommit = False  # as the pool hands it to others
         pooled.close()
+
+    def _planning_undone(self) -> bool:
+        """Plan as other connections do again; False where that cannot be done: inside a
+        transaction (the pool's rollback would undo it), or on a connection that fails."""
+        if self.driver.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            return False
+        try:
+            self.driver.execute(_PLANS_AS_BEFORE)
+        except psycopg.Error:
+            return False
+        return True
 
     def invalidate(self, exc: BaseException) -> None:
         pooled, self.pooled = self.pooled, None

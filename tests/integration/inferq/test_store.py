@@ -263,6 +263,23 @@ def test_a_held_connection_plans_its_statements_once_and_goes_back_planning_as_b
         }
     assert (held, "auto") in back
     assert {mode for _, mode in back} == {"auto"}
+
+    # One let go inside a transaction (whose rollback would undo the reset) is closed.
+    with store._driver() as driver:
+        row = driver.execute("SELECT pg_backend_pid()").fetchone()
+        driver.execute("BEGIN")
+    assert row is not None
+    with engine.connect() as one, engine.connect() as other:
+        back = {
+            tuple(
+                c.exec_driver_sql(
+                    "SELECT pg_backend_pid(), current_setting('plan_cache_mode')"
+                ).one()
+            )
+            for c in (one, other)
+        }
+    assert row[0] not in {pid for pid, _ in back}
+    assert {mode for _, mode in back} == {"auto"}
     # A store that does not hold connections leaves the setting alone.
     pooled = JobStore(make_sessions(engine))
     with pooled._driver() as driver:

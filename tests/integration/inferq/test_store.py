@@ -11,9 +11,11 @@ from datetime import timedelta
 
 import psycopg
 import pytest
+from sqlalchemy import Engine
 
 from inferq.domain.jobs import (
     Choice,
+    Job,
     JobError,
     JobOutcome,
     JobResult,
@@ -229,18 +231,37 @@ def test_a_worker_whose_connections_were_lost_fails_one_claim_then_claims(
     engine.dispose()
 
 
+def _holding_store(database_url: str, jobs: int) -> tuple[Engine, JobStore, list[Job]]:
+    """A store that holds connections, as a worker's, on a pool of two, with `jobs`
+    single jobs queued."""
+    engine = make_database(database_url, pool_size=2, pre_ping=False)
+    store = JobStore(make_sessions(engine), keep_connections=True)
+    return engine, store, create_jobs(store, [_spec() for _ in range(jobs)], queue="interactive")
+
+
 def test_a_held_connection_plans_its_statements_once_and_goes_back_planning_as_before(
     database_url: str,
 ) -> None:
-    engine = make_database(database_url, pool_size=2, pre_ping=False)
-    store = JobStore(make_sessions(engine), keep_connections=True)
-    jobs = create_jobs(store, [_spec() for _ in range(8)], queue="interactive")
+    engine, store, jobs = _holding_store(database_url, 8)
 
     def planning() -> tuple[int, str]:
         with store._driver() as driver:
             row = driver.execute("SELECT pg_backend_pid(), current_setting('plan_cache_mode')")
             pid, mode = row.fetchone() or (0, "")
             return int(pid), str(mode)
+
+    def in_the_pool() -> set[tuple[int, str]]:
+        """Each connection the pool holds (two at most): its backend and how it plans."""
+        with engine.connect() as one, engine.connect() as other:
+            return {
+                (int(pid), str(mode))
+                for pid, mode in (
+                    c.exec_driver_sql(
+                        "SELECT pg_backend_pid(), current_setting('plan_cache_mode')"
+                    ).one()
+                    for c in (one, other)
+                )
+            }
 
     # More claims and flushes than psycopg runs before it prepares a statement: each is
     # then planned for any ids, not again for each claim's few.
@@ -252,15 +273,7 @@ def test_a_held_connection_plans_its_statements_once_and_goes_back_planning_as_b
     assert all(j.status == JobStatus.SUCCEEDED for j in store.get_jobs([j.id for j in jobs]))
 
     store.let_go()
-    with engine.connect() as one, engine.connect() as other:  # all the pool holds
-        back = {
-            tuple(
-                c.exec_driver_sql(
-                    "SELECT pg_backend_pid(), current_setting('plan_cache_mode')"
-                ).one()
-            )
-            for c in (one, other)
-        }
+    back = in_the_pool()
     assert (held, "auto") in back
     assert {mode for _, mode in back} == {"auto"}
 
@@ -269,15 +282,7 @@ def test_a_held_connection_plans_its_statements_once_and_goes_back_planning_as_b
         row = driver.execute("SELECT pg_backend_pid()").fetchone()
         driver.execute("BEGIN")
     assert row is not None
-    with engine.connect() as one, engine.connect() as other:
-        back = {
-            tuple(
-                c.exec_driver_sql(
-                    "SELECT pg_backend_pid(), current_setting('plan_cache_mode')"
-                ).one()
-            )
-            for c in (one, other)
-        }
+    back = in_the_pool()
     assert row[0] not in {pid for pid, _ in back}
     assert {mode for _, mode in back} == {"auto"}
     # A store that does not hold connections leaves the setting alone.
@@ -291,9 +296,7 @@ def test_a_held_connection_plans_its_statements_once_and_goes_back_planning_as_b
 def test_a_store_that_holds_connections_keeps_one_a_thread_until_the_thread_ends(
     database_url: str,
 ) -> None:
-    engine = make_database(database_url, pool_size=2, pre_ping=False)
-    store = JobStore(make_sessions(engine), keep_connections=True)
-    jobs = create_jobs(store, [_spec() for _ in range(3)], queue="interactive")
+    engine, store, jobs = _holding_store(database_url, 3)
 
     def backend() -> int:
         with store._driver() as driver:

@@ -231,6 +231,10 @@ def test_a_worker_whose_connections_were_lost_fails_one_claim_then_claims(
     engine.dispose()
 
 
+# A connection's backend and how it plans its prepared statements.
+_PLANNING = "SELECT pg_backend_pid(), current_setting('plan_cache_mode')"
+
+
 def _holding_store(database_url: str, jobs: int) -> tuple[Engine, JobStore, list[Job]]:
     """A store that holds connections, as a worker's, on a pool of two, with `jobs`
     single jobs queued."""
@@ -246,8 +250,7 @@ def test_a_held_connection_plans_its_statements_once_and_goes_back_planning_as_b
 
     def planning() -> tuple[int, str]:
         with store._driver() as driver:
-            row = driver.execute("SELECT pg_backend_pid(), current_setting('plan_cache_mode')")
-            pid, mode = row.fetchone() or (0, "")
+            pid, mode = driver.execute(_PLANNING).fetchone() or (0, "")
             return int(pid), str(mode)
 
     def in_the_pool() -> set[tuple[int, str]]:
@@ -255,12 +258,7 @@ def test_a_held_connection_plans_its_statements_once_and_goes_back_planning_as_b
         with engine.connect() as one, engine.connect() as other:
             return {
                 (int(pid), str(mode))
-                for pid, mode in (
-                    c.exec_driver_sql(
-                        "SELECT pg_backend_pid(), current_setting('plan_cache_mode')"
-                    ).one()
-                    for c in (one, other)
-                )
+                for pid, mode in (c.exec_driver_sql(_PLANNING).one() for c in (one, other))
             }
 
     # More claims and flushes than psycopg runs before it prepares a statement: each is

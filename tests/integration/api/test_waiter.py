@@ -6,14 +6,17 @@ timer."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import time
 from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio.client import PubSub
 
 import api.waiter
 from api.submission import succeeded
@@ -234,3 +237,40 @@ def test_a_wait_that_times_out_returns_the_job_as_it_is_then(key_prefix: str) ->
     job = waiting(key_prefix, jobs, scenario, sweep=False)
     assert job.status is JobStatus.RUNNING
     assert jobs.reads == 2  # at the start and at the deadline
+
+
+def test_watches_begun_together_subscribe_in_one_command_and_each_hears_its_end(
+    key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[tuple[str, int]] = []
+    send = PubSub.execute_command
+
+    async def counted(self: PubSub, *args: Any) -> Any:
+        sent.append((str(args[0]), len(args) - 1))
+        return await send(self, *args)
+
+    monkeypatch.setattr(PubSub, "execute_command", counted)
+    ids = [f"job_together_{i}" for i in range(64)]
+
+    async def scenario(waiter: JobWaiter, redis: AsyncRedis) -> list[bytes | str]:
+        sent.clear()  # the listener's own subscription
+        async with contextlib.AsyncExitStack() as watches:
+            woken = [await watches.enter_async_context(waiter.watch(i)) for i in ids[:1]]
+            woken += await asyncio.gather(
+                *(watches.enter_async_context(waiter.watch(i)) for i in ids[1:])
+            )
+            for job_id in ids:
+                await redis.publish(done_channel(key_prefix, job_id), job_id)
+            await asyncio.wait_for(asyncio.gather(*(w.wait() for w in woken)), 10)
+        # Let go together too; the one let go and watched again at once still hears.
+        async with waiter.watch(ids[0]) as again:
+            await redis.publish(done_channel(key_prefix, ids[0]), b"again")
+            await asyncio.wait_for(again.wait(), 10)
+        return [w.announced for w in woken] + [again.announced]
+
+    heard = waiting(key_prefix, Jobs(), scenario, sweep=False)
+    assert heard == [i.encode() for i in ids] + [b"again"]
+    subscribes = [n for command, n in sent if command == "SUBSCRIBE"]
+    # The first alone (nothing else was waiting), the other 63 together, then the last.
+    assert subscribes == [1, 63, 1]
+    assert [n for command, n in sent if command == "UNSUBSCRIBE"] == [63]

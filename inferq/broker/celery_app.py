@@ -47,8 +47,6 @@ class BrokerSettings(Protocol):
     def redis_url(self) -> str: ...
     @property
     def redis_key_prefix(self) -> str: ...
-    @property
-    def visibility_timeout_s(self) -> int: ...
 
 
 class PublisherSettings(BrokerSettings, Protocol):
@@ -76,13 +74,21 @@ def make_celery(
         # Results live in Postgres, never in Celery's backend.
         task_ignore_result=True,
         task_store_errors_even_if_ignored=False,
-        # Acknowledge only after the result is committed; redeliver if the worker dies.
+        # Acknowledge only after the result is committed; a worker that stops puts back
+        # what it has not finished.
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         task_acks_on_failure_or_timeout=True,
         worker_prefetch_multiplier=1,
         broker_transport_options={
-            "visibility_timeout": settings.visibility_timeout_s,
+            # A message taken is kombu's to keep until it is acknowledged, in the worker's
+            # memory only: it goes back to its queue when the worker stops, not when it
+            # dies. Postgres brings back what a dead worker held (its jobs' leases lapse;
+            # a job whose message was taken but never claimed is published again:
+            # housekeeper/maintenance.py). Kombu's own record of taken messages in Redis,
+            # redelivered after a visibility timeout, cost a transaction in Redis for
+            # each message taken and another for each one acknowledged.
+            "ack_emulation": False,
             "global_keyprefix": settings.redis_key_prefix,
             # A worker with a free slot takes a waiting single job before a batch chunk
             # (the queues in the order the worker names them), not in turn.

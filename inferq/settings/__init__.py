@@ -72,19 +72,6 @@ class Settings(
     )
 
     @model_validator(mode="after")
-    def _consistent_timeouts(self) -> Settings:
-        # Redis redelivers a message that stayed unacknowledged this long, even if its job
-        # is still running; leases, not redelivery, are how lost work comes back, so the
-        # visibility timeout must stay far above anything a worker waits for.
-        floor = max(4 * self.lease_s, 2 * self.drain_timeout_s, 2 * self.engine_step_timeout_s)
-        if self.visibility_timeout_s < floor:
-            raise ValueError(
-                f"INFERQ_VISIBILITY_TIMEOUT_S is {self.visibility_timeout_s}, but must be at least "
-                f"{floor:g} (4 leases, 2 drain timeouts and 2 engine step timeouts)"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _stall_after_maintenance(self) -> Settings:
         # Beat counts as stuck when it has scheduled no maintenance pass for INFERQ_STALL_S.
         if self.stall_s < (floor := 2 * self.maintenance_interval_s):

@@ -26,11 +26,6 @@ class ConnectionSettings(BaseModel):
     redis_key_prefix: str = Field(
         "inferq:", description="Prefix of every Redis key inferq and Celery write."
     )
-    visibility_timeout_s: int = Field(
-        7200,
-        ge=60,
-        description="Seconds before Redis redelivers an unacknowledged message.",
-    )
 
     @field_validator("database_url")
     @classmethod

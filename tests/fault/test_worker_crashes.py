@@ -9,13 +9,12 @@ import time
 from collections import Counter
 
 import pytest
-import redis
 from sqlalchemy import func, select
 
-from housekeeper.maintenance import _job_ids
 from inferq.domain.jobs import JobStatus
 from inferq.store.models import JobRow, WebhookAttemptRow, WebhookDeliveryRow
 from tests.fault.conftest import DeploymentFactory
+from tests.helpers.broker import Broker
 from tests.helpers.deployment import Deployment
 from tests.helpers.receiver import Received, receiver
 
@@ -96,20 +95,21 @@ def test_sigkill_while_jobs_wait_for_admission_loses_nothing(
     # it would not (submitting can be slower than running).
     with first.frozen():
         ids = deployed.submit(_bodies(150, 64))
-    client = redis.Redis.from_url(deployed.env["INFERQ_REDIS_URL"])
+    broker = Broker.of(deployed.env)
 
     def taken() -> int:
-        """Jobs in the messages taken and not acknowledged (kombu keeps each as [message,
-        exchange, routing key]); jobs submitted together share a message."""
-        unacked = client.hvals(deployed.env["INFERQ_REDIS_KEY_PREFIX"] + "unacked")
-        return sum(len(_job_ids(json.dumps(json.loads(entry)[0]))) for entry in unacked)
+        """Jobs in the messages the worker has taken and not acknowledged; jobs
+        submitted together share a message."""
+        return len(broker.held_jobs())
 
     # Killed once far more jobs are taken than the engine has room for (and some are done).
     deployed.wait_done_count(ids, 1)
     deadline = time.monotonic() + 60
-    while taken() <= 20:
-        assert time.monotonic() < deadline, f"the worker took only {taken()} jobs"
-        time.sleep(0.02)
+    try:
+        while (held := taken()) <= 20:
+            assert time.monotonic() < deadline, f"the worker took only {held} jobs"
+    finally:
+        broker.close()
     first.kill_group()
     held = [j for j in deployed.jobs(ids) if j.status is JobStatus.RUNNING]
     deployed.start_worker("gpu-b")

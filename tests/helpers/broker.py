@@ -1,4 +1,5 @@
-"""What a deployment's Redis shows: the GPU work its messages still carry, and the
+"""What a deployment's Redis shows: the GPU work its messages still carry (waiting, or
+taken by a worker that has not acknowledged them yet, as the worker says), and the
 maintenance passes that ran."""
 
 from __future__ import annotations
@@ -6,18 +7,35 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from redis import Redis
 
-from inferq.constants import BULK_QUEUE, INTERACTIVE_QUEUE, MAINTENANCE_LAST_RUN_KEY
+from inferq.broker.celery_app import make_celery
+from inferq.constants import (
+    BULK_QUEUE,
+    INTERACTIVE_QUEUE,
+    MAINTENANCE_LAST_RUN_KEY,
+    RUN_JOBS_TASK,
+)
 from tests.helpers.waiting import wait_until
+
+# How long the workers have to say which messages they hold.
+INSPECT_S = 1.0
+
+
+@dataclass(frozen=True)
+class _BrokerSettings:
+    redis_url: str
+    redis_key_prefix: str
 
 
 class Broker:
     def __init__(self, redis_url: str, *, key_prefix: str) -> None:
         self._redis = Redis.from_url(redis_url)
         self._prefix = key_prefix
+        self._celery = make_celery(_BrokerSettings(redis_url, key_prefix))
 
     @classmethod
     def of(cls, env: Mapping[str, str]) -> Broker:
@@ -26,6 +44,7 @@ class Broker:
 
     def close(self) -> None:
         self._redis.close()
+        self._celery.close()
 
     def gpu_jobs(self) -> set[str]:
         """Job ids in the GPU messages still waiting in Redis or taken and not yet
@@ -36,11 +55,19 @@ class Broker:
             for key in self._redis.scan_iter(match=f"{self._prefix}{kind}:*"):
                 for message in self._redis.lrange(key, 0, -1):
                     found.update(_job_ids(json.loads(message)))
-        # kombu keeps each taken message as [message, exchange, routing key].
-        for entry in self._redis.hvals(self._prefix + "unacked"):
-            message, _, routing_key = json.loads(entry)
-            if routing_key.partition(":")[0] in (INTERACTIVE_QUEUE, BULK_QUEUE):
-                found.update(_job_ids(message))
+        # Asked after the lists: a message taken meanwhile is held by then.
+        return found | self.held_jobs()
+
+    def held_jobs(self) -> set[str]:
+        """Job ids in the GPU messages workers have taken and not acknowledged, as each
+        worker says (Celery's remote control): kombu keeps them in the worker's memory."""
+        inspect = self._celery.control.inspect(timeout=INSPECT_S)
+        found: set[str] = set()
+        for replies in (inspect.reserved(), inspect.active()):
+            for requests in (replies or {}).values():
+                for request in requests:
+                    if request.get("name") == RUN_JOBS_TASK:
+                        found.update(str(job_id) for job_id in request["args"][0])
         return found
 
     def wait_gpu_messages_done(self, job_ids: set[str] | None = None, *, timeout_s: float) -> None:

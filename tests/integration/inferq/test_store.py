@@ -12,6 +12,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 from sqlalchemy import Engine
+from sqlalchemy.exc import IntegrityError
 
 from inferq.domain.jobs import (
     Choice,
@@ -25,7 +26,8 @@ from inferq.domain.jobs import (
 )
 from inferq.exceptions import InvalidState, NotFound, StoreUnavailable
 from inferq.store.database import make_database, make_sessions
-from inferq.store.jobs import JobStore
+from inferq.store.job_rows import new_job_id
+from inferq.store.jobs import JobStore, NewJob
 from inferq.store.text_codec import ESCAPE
 from tests.helpers.clock import Clock
 from tests.helpers.jobs import create_jobs
@@ -63,6 +65,28 @@ def test_created_jobs_read_back_as_written(store: JobStore) -> None:
     assert read.status is JobStatus.QUEUED
     assert read.sampling.stop == ("x",)
     assert read.metadata == {"k": "v"}
+
+
+def test_jobs_submitted_together_read_back_as_written_and_are_written_all_or_none(
+    store: JobStore,
+) -> None:
+    tricky = f"a\x00b{ESCAPE}0"
+    specs = [
+        _spec(),
+        replace(_spec(tricky), metadata={f"k\x00{ESCAPE}": tricky}),
+        replace(_spec(), prompt=None, messages=[{"role": "user", "content": tricky}]),
+    ]
+    jobs = create_jobs(store, specs, queue="interactive")
+    assert [store.get_job(job.id) for job in jobs] == jobs
+    # One of a group is refused (its id is taken): none of the others is written.
+    again = [NewJob(spec=_spec(), tenant="t", id=new_job_id()) for _ in range(2)]
+    again.insert(1, NewJob(spec=_spec(), tenant="t", id=jobs[0].id))
+    with pytest.raises((IntegrityError, psycopg.errors.UniqueViolation)):
+        store.submit_jobs(again, queue="interactive", requeue_after_s=60)
+    for new in again[::2]:
+        assert new.id is not None
+        with pytest.raises(NotFound):
+            store.get_job(new.id)
 
 
 def test_an_unknown_job_is_not_found(store: JobStore) -> None:

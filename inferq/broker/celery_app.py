@@ -182,6 +182,12 @@ class JobPublisher:
                 args=args,
                 # A Queue, not a name: model queues are not declared on publishers' apps.
                 queue=_queue(queue),
+                # Nor in Redis: a queue of the nameless exchange is found by its name alone,
+                # and kombu's check that it was declared copied it at every message.
+                declare=[],
+                # What Flower shows of the arguments: their own repr, where Celery's
+                # size-limited one walked them in Python.
+                argsrepr=repr(args),
                 producer=producer,
                 retry=True,
                 retry_policy={"max_retries": 3, "interval_start": 0.1, "interval_step": 0.5},

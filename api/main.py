@@ -15,7 +15,7 @@ from redis.asyncio import Redis as AsyncRedis
 from api.auth import Authenticator
 from api.batch_follow import BatchFeeds
 from api.bodysize import BodySizeLimit
-from api.deps import ApiServices
+from api.deps import ApiServices, Online, Reads
 from api.errors import register_error_handlers
 from api.grouping import Grouped
 from api.idempotency import Idempotency
@@ -81,27 +81,38 @@ def build_services(app: App) -> ApiServices:
         default_rpm=settings.rate_limit_rpm,
         default_tpm=settings.rate_limit_tpm,
     )
-    submit = Grouped(app.job_operations.submit, max_items=MAX_GROUP)
+    submission = Submission(
+        catalog=app.catalog,
+        webhooks=app.webhook_operations,
+        jobs=app.job_operations,
+        rate_limiter=rate_limiter,
+        submit=Grouped(app.job_operations.submit, max_items=MAX_GROUP),
+        waiter=waiter,
+    )
+    follower = TokenFollower(stream_reader, key_prefix=prefix, waiter=waiter)
+    idempotency = Idempotency(app.idempotency, ttl_s=settings.idempotency_ttl_s)
+    read: Reads = Grouped(app.job_operations.get_many, max_items=MAX_GROUP)
     return ApiServices(
         app=app,
         waiter=waiter,
         stream_reader=stream_reader,
-        follower=TokenFollower(stream_reader, key_prefix=prefix, waiter=waiter),
+        follower=follower,
         feeds=BatchFeeds(output=app.batch_output, batches=app.batch_operations, waiter=waiter),
         authenticator=Authenticator(
             app.keys, enabled=settings.auth_enabled, cache_s=settings.auth_cache_s
         ),
         rate_limiter=rate_limiter,
-        submission=Submission(
-            catalog=app.catalog,
-            webhooks=app.webhook_operations,
-            jobs=app.job_operations,
-            rate_limiter=rate_limiter,
-            submit=submit,
+        submission=submission,
+        idempotency=idempotency,
+        read=read,
+        online=Online(
+            submission=submission,
+            idempotency=idempotency,
+            read=read,
             waiter=waiter,
+            follower=follower,
+            max_wait_s=settings.max_wait_s,
         ),
-        idempotency=Idempotency(app.idempotency, ttl_s=settings.idempotency_ttl_s),
-        read=Grouped(app.job_operations.get_many, max_items=MAX_GROUP),
     )
 
 

@@ -10,16 +10,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Awaitable, Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from api.deps import FollowerDep, PrincipalDep, ReadDep, Reads, SubmissionDep
+from api.deps import Online, OnlineDep, PrincipalDep
 from api.errors import ended_error, error_responses
 from api.streams import event_stream, holds_output, joined_chunks, openai_chunks
-from api.submission import Submission
-from api.token_follower import TokenFollower
 from inferq.constants import JOB_ID_HEADER
 from inferq.domain.api_keys import Principal
 from inferq.domain.jobs import Job, JobSpec, ServiceTier
@@ -40,48 +38,30 @@ _RESPONSES = {
 
 @router.post("/chat/completions", response_model=None, responses=_RESPONSES)
 async def chat_completions(
-    body: ChatBody,
-    submission: SubmissionDep,
-    read: ReadDep,
-    follower: FollowerDep,
-    principal: PrincipalDep,
-    request: Request,
+    body: ChatBody, online: OnlineDep, principal: PrincipalDep, request: Request
 ) -> Response:
     """A chat completion (OpenAI's shape), answered when it ends or streamed."""
     chars = sum(len(str(m.content)) for m in body.messages)
-    following = _Following(submission, read, follower)
     return await _complete(
-        body, chars, chat=True, following=following, principal=principal, request=request
+        body, chars, chat=True, online=online, principal=principal, request=request
     )
 
 
 @router.post("/completions", response_model=None, responses=_RESPONSES)
 async def completions(
-    body: CompletionBody,
-    submission: SubmissionDep,
-    read: ReadDep,
-    follower: FollowerDep,
-    principal: PrincipalDep,
-    request: Request,
+    body: CompletionBody, online: OnlineDep, principal: PrincipalDep, request: Request
 ) -> Response:
     """A text completion (OpenAI's shape), answered when it ends or streamed; a list of
     prompts gets one choice per prompt (`n` each), indexed in order."""
-    following = _Following(submission, read, follower)
     prompts = body.prompts()
     chars = sum(len(prompt) for prompt in prompts)
     if len(prompts) > 1:
         return await _complete_many(
-            body, chars, following=following, principal=principal, request=request
+            body, chars, online=online, principal=principal, request=request
         )
     return await _complete(
-        body, chars, chat=False, following=following, principal=principal, request=request
+        body, chars, chat=False, online=online, principal=principal, request=request
     )
-
-
-class _Following(NamedTuple):
-    submission: Submission
-    read: Reads
-    follower: TokenFollower
 
 
 async def _complete(
@@ -89,16 +69,16 @@ async def _complete(
     prompt_chars: int,
     *,
     chat: bool,
-    following: _Following,
+    online: Online,
     principal: Principal,
     request: Request,
 ) -> Response:
-    submission = following.submission
+    submission = online.submission
     spec = await submission.checked(body.model, prompt_chars, functools.partial(_spec, body))
     scope = principal.scope
 
     async def read(job_id: str) -> Job:
-        return await following.read((job_id, scope))
+        return await online.read((job_id, scope))
 
     tier = ServiceTier.asked(body.service_tier)
     if not body.stream:
@@ -106,7 +86,7 @@ async def _complete(
         answer = _completion(job, chat=chat, tier=tier)
         return JSONResponse(answer, headers={JOB_ID_HEADER: job.id})
     job = await submission.submit(principal, spec)
-    followed = following.follower.follow(job, read=read, held=holds_output(job, chat=chat))
+    followed = online.follower.follow(job, read=read, held=holds_output(job, chat=chat))
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     chunks = openai_chunks(
         followed,
@@ -124,13 +104,13 @@ async def _complete_many(
     body: CompletionBody,
     prompt_chars: int,
     *,
-    following: _Following,
+    online: Online,
     principal: Principal,
     request: Request,
 ) -> Response:
     """A completion of several prompts: a job each, answered together once all have
     ended, or streamed one after another."""
-    submission, reads = following.submission, following.read
+    submission, reads = online.submission, online.read
     specs = await submission.checked(body.model, prompt_chars, functools.partial(_specs, body))
     scope = principal.scope
     n = body.n
@@ -140,8 +120,8 @@ async def _complete_many(
         return await reads((job_id, scope))
 
     if body.stream:
-        return await _stream_many(body, specs, following, principal=principal, read=read)
-    jobs = await following.submission.run_many(principal, specs, read=read, request=request)
+        return await _stream_many(body, specs, online, principal=principal, read=read)
+    jobs = await online.submission.run_many(principal, specs, read=read, request=request)
     bodies = [_completion(job, chat=False, tier=tier) for job in jobs]
     merged = bodies[0]
     merged["choices"] = [
@@ -159,12 +139,12 @@ async def _complete_many(
 async def _stream_many(
     body: CompletionBody,
     specs: list[JobSpec],
-    following: _Following,
+    online: Online,
     *,
     principal: Principal,
     read: Callable[[str], Awaitable[Job]],
 ) -> Response:
-    submission = following.submission
+    submission = online.submission
     jobs = [
         await submission.submit(principal, dataclasses.replace(spec, stream=True)) for spec in specs
     ]
@@ -172,7 +152,7 @@ async def _stream_many(
     tier = ServiceTier.asked(body.service_tier)
     streams = [
         openai_chunks(
-            following.follower.follow(job, read=read),
+            online.follower.follow(job, read=read),
             job=job,
             chat=False,
             model=job.model,

@@ -11,21 +11,13 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import (
-    ApiSettingsDep,
-    FollowerDep,
-    IdempotencyDep,
-    JobOpsDep,
-    PrincipalDep,
-    ReadDep,
-    SubmissionDep,
-    WaiterDep,
-)
+from api.deps import JobOpsDep, OnlineDep, PrincipalDep, Reads
 from api.errors import error_responses
 from api.idempotency import IdempotencyKey
 from api.schemas import JobCreate, JobList
 from api.streams import event_stream, job_deltas
 from api.submission import succeeded
+from api.waiter import JobWaiter
 from inferq.domain.jobs import Job, JobSpec, JobStatus
 from inferq.store.idempotency import IdempotentRequest
 from inferq.store.job_rows import new_job_id
@@ -55,12 +47,8 @@ Wait = Annotated[
 )
 async def create_job(
     body: JobCreate,
-    submission: SubmissionDep,
-    idempotency: IdempotencyDep,
+    online: OnlineDep,
     principal: PrincipalDep,
-    reads: ReadDep,
-    waiter: WaiterDep,
-    settings: ApiSettingsDep,
     response: Response,
     idempotency_key: IdempotencyKey = None,
     wait: Wait = 0,
@@ -68,6 +56,7 @@ async def create_job(
     """Submit a generation job; poll its `url` for the result, or ask to `wait` for it
     here (200 with the result if it ends in time, else 202). A client that hangs up
     while waiting leaves the job to run."""
+    submission, waiter = online.submission, online.waiter
     build = functools.partial(_spec, body)
     spec = await submission.checked(body.model, _prompt_chars(body), build)
     webhook = await submission.checked_webhook(body.webhook_url, body.webhook_events)
@@ -86,7 +75,9 @@ async def create_job(
         return JobPublic.from_job(job)
 
     async def created() -> JobPublic | JSONResponse:
-        return await idempotency.run(idempotency_key, body=body, principal=principal, run=create)
+        return await online.idempotency.run(
+            idempotency_key, body=body, principal=principal, run=create
+        )
 
     if job_id is None:
         return await created()
@@ -96,9 +87,9 @@ async def create_job(
             return answer
 
         async def reread(_: str) -> Job:
-            return await reads((job_id, principal.scope))
+            return await online.read((job_id, principal.scope))
 
-        wait_s = min(wait, settings.max_wait_s)
+        wait_s = min(wait, online.max_wait_s)
         ended = functools.partial(succeeded, submitted[0])
         job = await waiter.wait(woken, submitted[0], reread, timeout_s=wait_s, ended=ended)
     if job.status.is_terminal:
@@ -107,7 +98,7 @@ async def create_job(
 
 
 async def _waited(
-    job_id: str, scope: str | None, *, reads: ReadDep, waiter: WaiterDep, wait_s: float
+    job_id: str, scope: str | None, *, reads: Reads, waiter: JobWaiter, wait_s: float
 ) -> Job:
     """The job once it has ended, or as it is after `wait_s`."""
 
@@ -136,18 +127,17 @@ def _prompt_chars(body: JobCreate) -> int:
 
 @router.get("/{job_id}", response_model=JobPublic, responses=error_responses(404, 422))
 async def get_job(
-    job_id: str,
-    reads: ReadDep,
-    waiter: WaiterDep,
-    settings: ApiSettingsDep,
-    principal: PrincipalDep,
-    wait: Wait = 0,
+    job_id: str, online: OnlineDep, principal: PrincipalDep, wait: Wait = 0
 ) -> JobPublic:
     """A job's state and, once it has ended, its result or error."""
     if wait <= 0:
-        return JobPublic.from_job(await reads((job_id, principal.scope)))
+        return JobPublic.from_job(await online.read((job_id, principal.scope)))
     job = await _waited(
-        job_id, principal.scope, reads=reads, waiter=waiter, wait_s=min(wait, settings.max_wait_s)
+        job_id,
+        principal.scope,
+        reads=online.read,
+        waiter=online.waiter,
+        wait_s=min(wait, online.max_wait_s),
     )
     return JobPublic.from_job(job)
 
@@ -160,17 +150,15 @@ async def get_job(
         **error_responses(404),
     },
 )
-async def stream_job(
-    job_id: str, reads: ReadDep, follower: FollowerDep, principal: PrincipalDep
-) -> Response:
+async def stream_job(job_id: str, online: OnlineDep, principal: PrincipalDep) -> Response:
     """Follow a job live (SSE): its output so far, each new piece as it is generated
     (`job.delta` events), then the job as stored, then `[DONE]`."""
-    job = await reads((job_id, principal.scope))
+    job = await online.read((job_id, principal.scope))
 
     async def read(job_id: str) -> Job:
-        return await reads((job_id, principal.scope))
+        return await online.read((job_id, principal.scope))
 
-    followed = follower.follow(job, read=read)
+    followed = online.follower.follow(job, read=read)
     return event_stream(job_deltas(followed, job=job))
 
 

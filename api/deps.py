@@ -44,8 +44,8 @@ Reads = Grouped[tuple[str, str | None], Job]
 @dataclass(frozen=True, kw_only=True)
 class Online:
     """What a route that submits a single job, or reads one, and answers when it ends
-    uses, in one dependency: FastAPI solves each of a request's dependencies apart (about
-    40 µs of CPU each), and these are the API's hottest routes."""
+    uses, in one dependency: FastAPI solves each of a request's dependencies apart, at a
+    cost in CPU each, and these are the API's busiest routes (bench/RESULTS.md)."""
 
     submission: Submission
     idempotency: Idempotency

@@ -62,9 +62,8 @@ MAX_GROUP = 256
 
 # Allocations between the garbage collector's young passes (Python's default is 700). A
 # request makes thousands of objects, nearly all freed by their counts as it ends; at the
-# default, young passes walked those of the requests in flight several times each. Spaced
-# out, the API spent 0.15 ms less CPU a chat and 0.37 ms less a single job, on average
-# over four pairs alternated with the default (bench.at_gpu_pace, 256 in flight).
+# default, young passes walked those of the requests in flight several times each
+# (bench/RESULTS.md, "The whole stack at a GPU's pace").
 YOUNG_PASS_EVERY = 20_000
 
 

@@ -61,18 +61,15 @@ class ApiServices:
     """The API process: its `App` and what only the API has, built once at start-up."""
 
     app: App
-    waiter: JobWaiter
     # Every followed token stream, in one read (api/stream_reader.py).
     stream_reader: StreamReader
-    follower: TokenFollower
     # Followers of batches' output, one reader a batch (api/batch_follow.py).
     feeds: BatchFeeds
     authenticator: Authenticator
     rate_limiter: RateLimiter
-    submission: Submission
-    idempotency: Idempotency
-    # Concurrent reads, each group in one transaction (api/grouping.py).
-    read: Reads
+    # The submission, idempotency, waiter, token follower and grouped reads (concurrent
+    # reads, each group in one transaction: api/grouping.py), which other routes take one
+    # at a time.
     online: Online
 
 
@@ -102,11 +99,11 @@ UsageOpsDep = Annotated[UsageOperations, Depends(_taken(lambda s: s.app.usage_op
 CatalogDep = Annotated[ModelCatalog, Depends(_taken(lambda s: s.app.catalog))]
 QueuesDep = Annotated[QueueMonitor, Depends(_taken(lambda s: s.app.queues))]
 WorkersDep = Annotated[WorkerRegistry, Depends(_taken(lambda s: s.app.workers))]
-IdempotencyDep = Annotated[Idempotency, Depends(_taken(lambda s: s.idempotency))]
-SubmissionDep = Annotated[Submission, Depends(_taken(lambda s: s.submission))]
-FollowerDep = Annotated[TokenFollower, Depends(_taken(lambda s: s.follower))]
+IdempotencyDep = Annotated[Idempotency, Depends(_taken(lambda s: s.online.idempotency))]
+SubmissionDep = Annotated[Submission, Depends(_taken(lambda s: s.online.submission))]
+FollowerDep = Annotated[TokenFollower, Depends(_taken(lambda s: s.online.follower))]
 FeedsDep = Annotated[BatchFeeds, Depends(_taken(lambda s: s.feeds))]
-ReadDep = Annotated[Reads, Depends(_taken(lambda s: s.read))]
+ReadDep = Annotated[Reads, Depends(_taken(lambda s: s.online.read))]
 AppDep = Annotated[App, Depends(_taken(lambda s: s.app))]
 OnlineDep = Annotated[Online, Depends(_taken(lambda s: s.online))]
 

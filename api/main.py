@@ -15,7 +15,7 @@ from redis.asyncio import Redis as AsyncRedis
 from api.auth import Authenticator
 from api.batch_follow import BatchFeeds
 from api.bodysize import BodySizeLimit
-from api.deps import ApiServices, Online, Reads
+from api.deps import ApiServices, Online
 from api.errors import register_error_handlers
 from api.grouping import Grouped
 from api.idempotency import Idempotency
@@ -88,28 +88,20 @@ def build_services(app: App) -> ApiServices:
         submit=Grouped(app.job_operations.submit, max_items=MAX_GROUP),
         waiter=waiter,
     )
-    follower = TokenFollower(stream_reader, key_prefix=prefix, waiter=waiter)
-    idempotency = Idempotency(app.idempotency, ttl_s=settings.idempotency_ttl_s)
-    read: Reads = Grouped(app.job_operations.get_many, max_items=MAX_GROUP)
     return ApiServices(
         app=app,
-        waiter=waiter,
         stream_reader=stream_reader,
-        follower=follower,
         feeds=BatchFeeds(output=app.batch_output, batches=app.batch_operations, waiter=waiter),
         authenticator=Authenticator(
             app.keys, enabled=settings.auth_enabled, cache_s=settings.auth_cache_s
         ),
         rate_limiter=rate_limiter,
-        submission=submission,
-        idempotency=idempotency,
-        read=read,
         online=Online(
             submission=submission,
-            idempotency=idempotency,
-            read=read,
+            idempotency=Idempotency(app.idempotency, ttl_s=settings.idempotency_ttl_s),
+            read=Grouped(app.job_operations.get_many, max_items=MAX_GROUP),
             waiter=waiter,
-            follower=follower,
+            follower=TokenFollower(stream_reader, key_prefix=prefix, waiter=waiter),
             max_wait_s=settings.max_wait_s,
         ),
     )
@@ -157,14 +149,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         metrics.registry.register(QueueCollector(inferq.queues, inferq.workers, inferq.catalog))
         metrics.registry.register(StuckJobsCollector(inferq.stuck_jobs))
         metrics.registry.register(UsageCollector(inferq.usage))
-        await services.waiter.start()
+        await services.online.waiter.start()
         await services.stream_reader.start()
         try:
             yield
         finally:
             preloading.cancel()
             await services.stream_reader.stop()
-            await services.waiter.stop()
+            await services.online.waiter.stop()
 
     app = FastAPI(
         title="inferq",

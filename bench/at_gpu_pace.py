@@ -105,8 +105,10 @@ def requests_for(name: str, tokenizer: Any, count: int | None) -> list[workload.
 
 @contextmanager
 def servers(workdir: Path) -> Iterator[tuple[str, str, Callable[[], list[int]]]]:
-    """A Postgres and a Redis of the bench's own: their DSN and URL, and their processes."""
+    """A Postgres and a Redis of the bench's own: their DSN and URL, and their processes
+    (stopped at the end, on SIGTERM too)."""
     with ExitStack() as cleanup:
+        cleanup.enter_context(stack.stopped_on_sigterm())
         # Not under `workdir`: the server runs as `postgres` where the bench runs as root.
         pg_dir = Path(tempfile.mkdtemp(prefix="inferq-gpu-pace-pg-"))
         cleanup.callback(shutil.rmtree, pg_dir, ignore_errors=True)

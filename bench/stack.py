@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
@@ -33,6 +34,27 @@ CACHE = Path(os.environ.get("INFERQ_TEST_CACHE", Path.home() / ".cache" / "infer
 
 def demo_model(shape: DemoShape = TINY, name: str = "tiny") -> Path:
     return build_demo_model(CACHE / name, shape)
+
+
+@contextmanager
+def stopped_on_sigterm() -> Iterator[None]:
+    """While it lasts, SIGTERM (`kill`, `timeout`, a CI's stop) unwinds the bench as Ctrl-C
+    does, so that the servers and processes it started, each in a session of its own, are
+    stopped rather than left running; a second SIGTERM does not cut that short. Outside
+    the main thread (where Python runs signal handlers) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def unwind(signum: int, _frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, unwind)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def free_port() -> int:
@@ -179,8 +201,9 @@ def deployment(
     **extra: str,
 ) -> Iterator[Deployment]:
     """API, `workers` GPU workers, delivery/maintenance worker and beat on a database of
-    their own."""
+    their own, stopped at the end (on SIGTERM too)."""
     with ExitStack() as cleanup:
+        cleanup.enter_context(stopped_on_sigterm())
         url = cleanup.enter_context(database(admin_dsn))
         prefix = cleanup.enter_context(key_prefix(redis_url))
         env = service_env(

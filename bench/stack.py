@@ -54,7 +54,9 @@ def stopped_on_sigterm() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        # Unwinding from a SIGTERM (ignored now): an enclosing one's handler stays off too.
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def free_port() -> int:
